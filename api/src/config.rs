@@ -1,0 +1,605 @@
+//! The processor's configuration: the pipeline (topics, dedup id, windows), the Kafka client and
+//! the RocksDB tuning.
+//!
+//! The same types appear in the `StreamApp` spec (users write them) and in the processor's
+//! configuration file (the operator renders them into a ConfigMap, the processor reads it), so
+//! a knob means the same thing everywhere. Defaults live beside the types.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::units::{parse_duration, parse_quantity};
+
+/// What the processor deduplicates and where records go.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Topology {
+    /// Topic the commands are read from (read_committed). Each partition is one task with its
+    /// own state store.
+    #[schemars(length(min = 1, max = 249))]
+    pub input_topic: String,
+    /// Topic every first occurrence of an id is written to.
+    #[schemars(length(min = 1, max = 249))]
+    pub output_topic: String,
+    /// Optional topic repeated ids are written to (they are counted either way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicates_topic: Option<String>,
+    /// Topic for records that cannot be processed (no dedup id, undecodable payload, too
+    /// large), with a `streamapp.dlq.reason` header saying why. Nothing is dropped silently.
+    #[schemars(length(min = 1, max = 249))]
+    pub dead_letter_topic: String,
+    /// Where the dedup id of a record is found.
+    #[serde(default)]
+    pub dedup_id: DedupId,
+    /// How long an id is remembered, by record time (Go duration, e.g. `1h`, `30m`).
+    #[serde(default = "default_retention")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub retention: String,
+    /// How often the Kafka transaction is committed (Go duration). Output becomes visible to
+    /// read_committed consumers at each commit.
+    #[serde(default = "default_commit_interval")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub commit_interval: String,
+    /// Records whose value is larger than this go to the dead-letter topic (bytes, Kubernetes
+    /// quantity notation).
+    #[serde(default = "default_max_value_size")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
+    pub max_value_size: String,
+}
+
+pub fn default_retention() -> String {
+    "1h".into()
+}
+pub fn default_commit_interval() -> String {
+    "100ms".into()
+}
+pub fn default_max_value_size() -> String {
+    "1Mi".into()
+}
+
+/// Where a record's dedup id comes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DedupId {
+    /// `Key`: the record key. `Header`: the value of the header named in `header`.
+    /// `JsonPointer`: the string or number at `jsonPointer` in the JSON value.
+    #[serde(default)]
+    pub source: DedupIdSource,
+    /// Header name, when source is `Header`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// RFC 6901 pointer such as `/commandId`, when source is `JsonPointer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json_pointer: Option<String>,
+}
+
+impl Default for DedupId {
+    fn default() -> Self {
+        DedupId { source: DedupIdSource::Key, header: None, json_pointer: None }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum DedupIdSource {
+    #[default]
+    Key,
+    Header,
+    JsonPointer,
+}
+
+/// RocksDB tuning. Every field is optional: unset fields take the value of `profile`.
+/// The block cache is shared by all stores of a processor and bounded, so memory stays
+/// predictable however many partitions a pod owns.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RocksDbTuning {
+    /// Starting point for every unset knob. `Balanced` matches Kafka Streams' defaults,
+    /// `LowMemory` suits many small apps, `Throughput` trades memory for write speed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<RocksDbProfile>,
+    /// Shared LRU block cache for all stores of the pod (quantity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
+    pub block_cache_size: Option<String>,
+    /// Size of one memtable (quantity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
+    pub write_buffer_size: Option<String>,
+    /// Memtables per store (the active one plus those being flushed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2, max = 16))]
+    pub max_write_buffer_number: Option<i32>,
+    /// SST data block size (quantity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
+    pub block_size: Option<String>,
+    /// Bloom filter bits per key; 0 disables the filter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 32))]
+    pub bloom_filter_bits_per_key: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction_style: Option<CompactionStyle>,
+    /// Background flush and compaction threads per store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub max_background_jobs: Option<i32>,
+    /// Write-ahead log settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal: Option<WalTuning>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RocksDbProfile {
+    #[default]
+    Balanced,
+    LowMemory,
+    Throughput,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Compression {
+    None,
+    Snappy,
+    Lz4,
+    Zstd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum CompactionStyle {
+    Level,
+    Universal,
+    Fifo,
+}
+
+/// RocksDB's four WAL recovery modes: what to do with a damaged write-ahead log on open.
+///
+/// Because offsets live in the same atomic batch as the data, any mode that recovers a
+/// consistent prefix is safe here: the changelog tail replays whatever was lost.
+/// `SkipAnyCorruptedRecords` can leave holes in the middle of the log (a later batch applied
+/// without an earlier one) that no offset can reveal, so the processor refuses it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum WalRecoveryMode {
+    /// Ignore an incomplete record at the end of the log (a torn last write); fail on anything
+    /// else, which makes the processor quarantine and rebuild.
+    TolerateCorruptedTailRecords,
+    /// Fail on any damage; the processor quarantines and rebuilds.
+    AbsoluteConsistency,
+    /// Recover up to the first damaged record and stop there: a consistent prefix.
+    #[default]
+    PointInTime,
+    /// Skip damaged records and keep going: may leave holes. Refused.
+    SkipAnyCorruptedRecords,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WalTuning {
+    /// Whether RocksDB writes a WAL. Without it, what was not flushed is replayed from the
+    /// changelog after a crash (correct either way; the WAL makes recovery shorter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_mode: Option<WalRecoveryMode>,
+    /// Archived WAL files are deleted after this many seconds (0: as soon as possible).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds: Option<i64>,
+    /// Archived WAL files are deleted when they add up to more than this many MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub size_limit_mb: Option<i64>,
+    /// Live WAL size that forces a memtable flush (quantity); bounds replay time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
+    pub max_total_size: Option<String>,
+    /// fsync the WAL each time a committed transaction is applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_on_commit: Option<bool>,
+}
+
+/// RocksDB tuning with every knob decided: what the processor opens its stores with.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResolvedRocksDb {
+    pub block_cache_bytes: u64,
+    pub write_buffer_bytes: u64,
+    pub max_write_buffer_number: i32,
+    pub block_size_bytes: u64,
+    pub bloom_filter_bits_per_key: i32,
+    pub compression: Compression,
+    pub compaction_style: CompactionStyle,
+    pub max_background_jobs: i32,
+    pub wal_enabled: bool,
+    pub wal_recovery_mode: WalRecoveryMode,
+    pub wal_ttl_seconds: u64,
+    pub wal_size_limit_mb: u64,
+    pub wal_max_total_bytes: u64,
+    pub wal_sync_on_commit: bool,
+}
+
+impl ResolvedRocksDb {
+    /// The profile's values for every knob.
+    pub fn profile(profile: RocksDbProfile) -> Self {
+        const MI: u64 = 1 << 20;
+        let balanced = ResolvedRocksDb {
+            // Kafka Streams: 50 MiB cache, 16 MiB x 3 write buffers, 4 KiB blocks, bloom filter,
+            // no compression; we keep level compaction (bounded space amplification).
+            block_cache_bytes: 50 * MI,
+            write_buffer_bytes: 16 * MI,
+            max_write_buffer_number: 3,
+            block_size_bytes: 4 * 1024,
+            bloom_filter_bits_per_key: 10,
+            compression: Compression::None,
+            compaction_style: CompactionStyle::Level,
+            max_background_jobs: 2,
+            wal_enabled: true,
+            wal_recovery_mode: WalRecoveryMode::PointInTime,
+            wal_ttl_seconds: 0,
+            wal_size_limit_mb: 0,
+            wal_max_total_bytes: 64 * MI,
+            wal_sync_on_commit: true,
+        };
+        match profile {
+            RocksDbProfile::Balanced => balanced,
+            RocksDbProfile::LowMemory => ResolvedRocksDb {
+                block_cache_bytes: 16 * MI,
+                write_buffer_bytes: 4 * MI,
+                max_write_buffer_number: 2,
+                compression: Compression::Lz4,
+                max_background_jobs: 1,
+                wal_max_total_bytes: 16 * MI,
+                ..balanced
+            },
+            RocksDbProfile::Throughput => ResolvedRocksDb {
+                block_cache_bytes: 256 * MI,
+                write_buffer_bytes: 64 * MI,
+                max_write_buffer_number: 4,
+                block_size_bytes: 16 * 1024,
+                compression: Compression::Lz4,
+                max_background_jobs: 4,
+                wal_max_total_bytes: 256 * MI,
+                ..balanced
+            },
+        }
+    }
+
+    /// Memory RocksDB may use outside any heap for `stores` stores: the shared cache plus
+    /// every store's memtables. The operator checks this against the container's limit.
+    pub fn memory_budget_bytes(&self, stores: u64) -> u64 {
+        self.block_cache_bytes + stores * self.write_buffer_bytes * self.max_write_buffer_number as u64
+    }
+}
+
+impl RocksDbTuning {
+    /// Applies the set knobs over the profile's values. Errors name the field.
+    pub fn resolve(&self) -> Result<ResolvedRocksDb, ConfigError> {
+        let mut r = ResolvedRocksDb::profile(self.profile.unwrap_or_default());
+        let q = |field: &str, v: &Option<String>, into: &mut u64| -> Result<(), ConfigError> {
+            if let Some(v) = v {
+                *into = parse_quantity(v).map_err(|e| ConfigError::field(field, e))?;
+            }
+            Ok(())
+        };
+        q("rocksdb.blockCacheSize", &self.block_cache_size, &mut r.block_cache_bytes)?;
+        q("rocksdb.writeBufferSize", &self.write_buffer_size, &mut r.write_buffer_bytes)?;
+        q("rocksdb.blockSize", &self.block_size, &mut r.block_size_bytes)?;
+        if let Some(n) = self.max_write_buffer_number {
+            r.max_write_buffer_number = n;
+        }
+        if let Some(n) = self.bloom_filter_bits_per_key {
+            r.bloom_filter_bits_per_key = n;
+        }
+        if let Some(c) = self.compression {
+            r.compression = c;
+        }
+        if let Some(c) = self.compaction_style {
+            r.compaction_style = c;
+        }
+        if let Some(n) = self.max_background_jobs {
+            r.max_background_jobs = n;
+        }
+        if let Some(wal) = &self.wal {
+            if let Some(v) = wal.enabled {
+                r.wal_enabled = v;
+            }
+            if let Some(v) = wal.recovery_mode {
+                r.wal_recovery_mode = v;
+            }
+            if let Some(v) = wal.ttl_seconds {
+                r.wal_ttl_seconds = u64::try_from(v).map_err(|_| ConfigError::field("rocksdb.wal.ttlSeconds", "must not be negative"))?;
+            }
+            if let Some(v) = wal.size_limit_mb {
+                r.wal_size_limit_mb = u64::try_from(v).map_err(|_| ConfigError::field("rocksdb.wal.sizeLimitMb", "must not be negative"))?;
+            }
+            q("rocksdb.wal.maxTotalSize", &wal.max_total_size, &mut r.wal_max_total_bytes)?;
+            if let Some(v) = wal.sync_on_commit {
+                r.wal_sync_on_commit = v;
+            }
+        }
+        if r.wal_recovery_mode == WalRecoveryMode::SkipAnyCorruptedRecords {
+            return Err(ConfigError::field(
+                "rocksdb.wal.recoveryMode",
+                "SkipAnyCorruptedRecords can leave holes in the store that no offset reveals; \
+                 use PointInTime (recommended), TolerateCorruptedTailRecords or AbsoluteConsistency",
+            ));
+        }
+        if !(2..=16).contains(&r.max_write_buffer_number) {
+            return Err(ConfigError::field("rocksdb.maxWriteBufferNumber", "must be between 2 and 16"));
+        }
+        if r.block_size_bytes < 1024 {
+            return Err(ConfigError::field("rocksdb.blockSize", "must be at least 1Ki"));
+        }
+        if r.write_buffer_bytes < (1 << 20) {
+            return Err(ConfigError::field("rocksdb.writeBufferSize", "must be at least 1Mi"));
+        }
+        Ok(r)
+    }
+}
+
+/// The processor's configuration file (`processor.yaml` in the ConfigMap the operator writes).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessorConfig {
+    /// Names the consumer group, the changelog topic (`<applicationId>-dedup-changelog`) and
+    /// the transactional ids.
+    pub application_id: String,
+    pub kafka: KafkaClient,
+    pub topology: Topology,
+    #[serde(default)]
+    pub rocksdb: RocksDbTuning,
+    /// Where task stores, checkpoints, quarantines and the health file live.
+    #[serde(default = "default_state_dir")]
+    pub state_dir: String,
+    /// Optional separate directory (volume) for RocksDB's write-ahead logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_dir: Option<String>,
+    /// Port of /metrics, /healthz, /readyz and the drain endpoint.
+    #[serde(default = "default_http_port")]
+    pub http_port: u16,
+    /// How long a drain may take before the processor gives up and exits anyway.
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout: String,
+}
+
+pub fn default_state_dir() -> String {
+    "/var/lib/streamapp".into()
+}
+pub fn default_http_port() -> u16 {
+    8080
+}
+pub fn default_drain_timeout() -> String {
+    "60s".into()
+}
+
+/// How the processor reaches Kafka.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KafkaClient {
+    /// Comma-separated `host:port` list.
+    #[schemars(length(min = 1))]
+    pub bootstrap_servers: String,
+    /// Extra librdkafka client properties passed through as they are (for example
+    /// `security.protocol`, `sasl.mechanism`, `ssl.ca.location`). Properties the processor
+    /// owns for exactly-once (isolation.level, transactional.id, enable.idempotence,
+    /// enable.auto.commit, group.id, group.instance.id) are refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Client properties the processor sets itself: overriding them would break exactly-once.
+pub const RESERVED_KAFKA_PROPERTIES: &[&str] = &[
+    "isolation.level",
+    "transactional.id",
+    "enable.idempotence",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "group.id",
+    "group.instance.id",
+    "bootstrap.servers",
+];
+
+/// A configuration value that cannot be used, with the field it is in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn field(field: &str, message: impl ToString) -> Self {
+        ConfigError { field: field.into(), message: message.to_string() }
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid configuration: {}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The topology with its durations and sizes parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedTopology {
+    pub retention: Duration,
+    pub commit_interval: Duration,
+    pub max_value_bytes: u64,
+}
+
+impl Topology {
+    /// Checks what the schema cannot and parses durations. Errors name the field.
+    pub fn resolve(&self) -> Result<ResolvedTopology, ConfigError> {
+        let retention = parse_duration(&self.retention).map_err(|e| ConfigError::field("topology.retention", e))?;
+        let commit_interval =
+            parse_duration(&self.commit_interval).map_err(|e| ConfigError::field("topology.commitInterval", e))?;
+        let max_value_bytes =
+            parse_quantity(&self.max_value_size).map_err(|e| ConfigError::field("topology.maxValueSize", e))?;
+        if commit_interval.is_zero() {
+            return Err(ConfigError::field("topology.commitInterval", "must be greater than 0"));
+        }
+        if retention <= commit_interval {
+            return Err(ConfigError::field("topology.retention", "must be greater than topology.commitInterval"));
+        }
+        let mut topics = vec![
+            ("topology.inputTopic", &self.input_topic),
+            ("topology.outputTopic", &self.output_topic),
+            ("topology.deadLetterTopic", &self.dead_letter_topic),
+        ];
+        if let Some(d) = &self.duplicates_topic {
+            topics.push(("topology.duplicatesTopic", d));
+        }
+        for (i, (field, topic)) in topics.iter().enumerate() {
+            if topic.is_empty() {
+                return Err(ConfigError::field(field, "must not be empty"));
+            }
+            if let Some((other, _)) = topics[..i].iter().find(|(_, t)| t == topic) {
+                return Err(ConfigError::field(field, format!("must differ from {other} (both are {topic:?})")));
+            }
+        }
+        match self.dedup_id.source {
+            DedupIdSource::Header if self.dedup_id.header.as_deref().unwrap_or("").is_empty() => {
+                return Err(ConfigError::field("topology.dedupId.header", "is required when source is Header"));
+            }
+            DedupIdSource::JsonPointer => {
+                let p = self.dedup_id.json_pointer.as_deref().unwrap_or("");
+                if !p.starts_with('/') {
+                    return Err(ConfigError::field(
+                        "topology.dedupId.jsonPointer",
+                        "is required when source is JsonPointer and must start with '/' (e.g. /commandId)",
+                    ));
+                }
+            }
+            _ => {}
+        }
+        Ok(ResolvedTopology { retention, commit_interval, max_value_bytes })
+    }
+}
+
+impl ProcessorConfig {
+    /// Checks the whole configuration. Errors name the field.
+    pub fn validate(&self) -> Result<(ResolvedTopology, ResolvedRocksDb), ConfigError> {
+        if self.application_id.is_empty()
+            || !self.application_id.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(ConfigError::field(
+                "applicationId",
+                "must be non-empty and use only letters, digits, '.', '_' and '-'",
+            ));
+        }
+        if self.kafka.bootstrap_servers.trim().is_empty() {
+            return Err(ConfigError::field("kafka.bootstrapServers", "must not be empty"));
+        }
+        for key in self.kafka.properties.keys() {
+            if RESERVED_KAFKA_PROPERTIES.contains(&key.as_str()) {
+                return Err(ConfigError::field(
+                    &format!("kafka.properties.{key}"),
+                    "is set by the processor for exactly-once processing and cannot be overridden",
+                ));
+            }
+        }
+        if self.state_dir.is_empty() {
+            return Err(ConfigError::field("stateDir", "must not be empty"));
+        }
+        parse_duration(&self.drain_timeout).map_err(|e| ConfigError::field("drainTimeout", e))?;
+        Ok((self.topology.resolve()?, self.rocksdb.resolve()?))
+    }
+
+    /// The compacted topic the dedup store is backed by.
+    pub fn changelog_topic(&self) -> String {
+        format!("{}-dedup-changelog", self.application_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topology() -> Topology {
+        Topology {
+            input_topic: "in".into(),
+            output_topic: "out".into(),
+            duplicates_topic: Some("dups".into()),
+            dead_letter_topic: "dlq".into(),
+            dedup_id: DedupId::default(),
+            retention: default_retention(),
+            commit_interval: default_commit_interval(),
+            max_value_size: default_max_value_size(),
+        }
+    }
+
+    #[test]
+    fn default_topology_resolves_to_one_hour_and_100ms() {
+        let r = topology().resolve().unwrap();
+        assert_eq!(r.retention, Duration::from_secs(3600));
+        assert_eq!(r.commit_interval, Duration::from_millis(100));
+        assert_eq!(r.max_value_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn retention_must_exceed_commit_interval() {
+        let t = Topology { retention: "100ms".into(), ..topology() };
+        assert_eq!(t.resolve().unwrap_err().field, "topology.retention");
+    }
+
+    #[test]
+    fn topics_must_be_distinct() {
+        let t = Topology { output_topic: "in".into(), ..topology() };
+        let e = t.resolve().unwrap_err();
+        assert_eq!(e.field, "topology.outputTopic");
+        assert!(e.message.contains("topology.inputTopic"), "{e}");
+    }
+
+    #[test]
+    fn header_source_needs_a_header_name() {
+        let t = Topology {
+            dedup_id: DedupId { source: DedupIdSource::Header, header: None, json_pointer: None },
+            ..topology()
+        };
+        assert_eq!(t.resolve().unwrap_err().field, "topology.dedupId.header");
+    }
+
+    #[test]
+    fn skip_any_corrupted_records_is_refused() {
+        let tuning = RocksDbTuning {
+            wal: Some(WalTuning { recovery_mode: Some(WalRecoveryMode::SkipAnyCorruptedRecords), ..Default::default() }),
+            ..Default::default()
+        };
+        assert_eq!(tuning.resolve().unwrap_err().field, "rocksdb.wal.recoveryMode");
+    }
+
+    #[test]
+    fn set_knobs_override_the_profile() {
+        let tuning = RocksDbTuning {
+            profile: Some(RocksDbProfile::LowMemory),
+            block_cache_size: Some("8Mi".into()),
+            ..Default::default()
+        };
+        let r = tuning.resolve().unwrap();
+        assert_eq!(r.block_cache_bytes, 8 << 20);
+        assert_eq!(r.write_buffer_bytes, 4 << 20, "from the LowMemory profile");
+        assert_eq!(r.memory_budget_bytes(4), (8 << 20) + 4 * (4 << 20) * 2);
+    }
+
+    #[test]
+    fn reserved_kafka_properties_are_refused() {
+        let config = ProcessorConfig {
+            application_id: "app".into(),
+            kafka: KafkaClient {
+                bootstrap_servers: "k:9092".into(),
+                properties: [("isolation.level".to_string(), "read_uncommitted".to_string())].into(),
+            },
+            topology: topology(),
+            rocksdb: RocksDbTuning::default(),
+            state_dir: default_state_dir(),
+            wal_dir: None,
+            http_port: 8080,
+            drain_timeout: default_drain_timeout(),
+        };
+        assert_eq!(config.validate().unwrap_err().field, "kafka.properties.isolation.level");
+    }
+}

@@ -1,0 +1,443 @@
+//! The `StreamApp` custom resource (`streamapp.dev/v1alpha1`).
+//!
+//! Doc comments here are written for users: they become the CRD's field descriptions, shown by
+//! `kubectl explain streamapp.spec`. CEL rules refuse bad specs at `kubectl apply`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, LocalObjectReference, ResourceRequirements, Toleration, TopologySpreadConstraint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{RocksDbTuning, Topology};
+
+/// A stateful, exactly-once Kafka dedup processor: one pod per replica, each with its own
+/// persistent RocksDB state.
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "streamapp.dev",
+    version = "v1alpha1",
+    kind = "StreamApp",
+    plural = "streamapps",
+    shortname = "sapp",
+    category = "streaming",
+    namespaced,
+    status = "StreamAppStatus",
+    derive = "PartialEq",
+    doc = "A StreamApp runs an exactly-once Kafka deduplication processor with persistent, crash-safe RocksDB state.",
+    scale(spec_replicas_path = ".spec.replicas", status_replicas_path = ".status.replicas", label_selector_path = ".status.selector"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready", description = "Ready pods / desired pods"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "State", type_ = "string", json_path = ".status.stateHealth", description = "Health of the pods' state stores"),
+    printcolumn(name = "Lag", type_ = "integer", json_path = ".status.worstRestoreLag", description = "Largest changelog lag any store would replay after a crash"),
+    printcolumn(name = "Checkpoint", type_ = "string", json_path = ".status.worstCheckpointAge", description = "Oldest durable store commit across pods"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(name = "Image", type_ = "string", json_path = ".spec.image", priority = 1),
+    printcolumn(name = "Input", type_ = "string", json_path = ".spec.topology.inputTopic", priority = 1),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason", priority = 1),
+)]
+#[x_kube(
+    validation = Rule::new("self.topology.outputTopic != self.topology.inputTopic && self.topology.deadLetterTopic != self.topology.inputTopic && self.topology.deadLetterTopic != self.topology.outputTopic").message("topology.inputTopic, topology.outputTopic and topology.deadLetterTopic must be three different topics"),
+    validation = Rule::new("!has(self.topology.duplicatesTopic) || !(self.topology.duplicatesTopic in [self.topology.inputTopic, self.topology.outputTopic, self.topology.deadLetterTopic])").message("topology.duplicatesTopic must differ from the input, output and dead-letter topics"),
+    validation = Rule::new("duration(self.topology.retention) > duration(self.topology.commitInterval)").message("topology.retention must be greater than topology.commitInterval"),
+    validation = Rule::new("duration(self.topology.commitInterval) > duration('0s')").message("topology.commitInterval must be greater than 0"),
+    validation = Rule::new("!has(self.topology.dedupId) || self.topology.dedupId.source != 'Header' || (has(self.topology.dedupId.header) && self.topology.dedupId.header != '')").message("topology.dedupId.header is required when topology.dedupId.source is Header"),
+    validation = Rule::new("!has(self.topology.dedupId) || self.topology.dedupId.source != 'JsonPointer' || (has(self.topology.dedupId.jsonPointer) && self.topology.dedupId.jsonPointer.startsWith('/'))").message("topology.dedupId.jsonPointer (starting with '/', e.g. /commandId) is required when topology.dedupId.source is JsonPointer"),
+    validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.wal) || !has(self.rocksdb.wal.recoveryMode) || self.rocksdb.wal.recoveryMode != 'SkipAnyCorruptedRecords'").message("rocksdb.wal.recoveryMode SkipAnyCorruptedRecords can leave holes in the store that no offset reveals; use PointInTime, TolerateCorruptedTailRecords or AbsoluteConsistency"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamAppSpec {
+    /// Container image with the streamapp-processor and streamapp-agent binaries.
+    #[schemars(length(min = 1))]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+    /// Number of processor pods. Partitions of the input topic are spread across them.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+    /// How the processors reach Kafka.
+    pub kafka: KafkaSpec,
+    /// What is deduplicated and where records go.
+    pub topology: Topology,
+    /// Persistent volumes for the state stores (and optionally their write-ahead logs).
+    #[serde(default)]
+    pub storage: StorageSpec,
+    /// RocksDB tuning: a profile plus any knob to override.
+    #[serde(default)]
+    pub rocksdb: RocksDbTuning,
+    /// Graceful shutdown: the drain that runs before a pod stops.
+    #[serde(default)]
+    pub shutdown: ShutdownSpec,
+    /// Resources of the processor container. The memory limit must hold RocksDB's block cache
+    /// and write buffers (they live outside any heap); the operator checks it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Pod placement and metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodOverrides>,
+    /// The state-health agent sidecar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentSpec>,
+}
+
+pub fn default_replicas() -> i32 {
+    1
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl PullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
+}
+
+/// Kafka connection.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[x_kube(validation = Rule::new("!has(self.properties) || self.properties.all(k, !(k in ['isolation.level', 'transactional.id', 'enable.idempotence', 'enable.auto.commit', 'enable.auto.offset.store', 'group.id', 'group.instance.id', 'bootstrap.servers']))").message("kafka.properties must not set isolation.level, transactional.id, enable.idempotence, enable.auto.commit, enable.auto.offset.store, group.id, group.instance.id or bootstrap.servers: the processor sets them for exactly-once processing"))]
+#[serde(rename_all = "camelCase")]
+pub struct KafkaSpec {
+    /// Comma-separated `host:port` list.
+    #[schemars(length(min = 1))]
+    pub bootstrap_servers: String,
+    /// librdkafka client properties passed through as they are, e.g. `security.protocol:
+    /// SASL_SSL`, `sasl.mechanism: SCRAM-SHA-512`. Put secrets in `sasl` and `tls`, not here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
+    /// SASL credentials from a Secret (become `sasl.username` / `sasl.password`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl: Option<SaslSecret>,
+    /// TLS material from a Secret, mounted into the processor (becomes `ssl.ca.location` and,
+    /// when present, `ssl.certificate.location` / `ssl.key.location`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSecret>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SaslSecret {
+    /// Name of a Secret in the StreamApp's namespace.
+    #[schemars(length(min = 1))]
+    pub secret_name: String,
+    #[serde(default = "default_username_key")]
+    pub username_key: String,
+    #[serde(default = "default_password_key")]
+    pub password_key: String,
+}
+
+pub fn default_username_key() -> String {
+    "username".into()
+}
+pub fn default_password_key() -> String {
+    "password".into()
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSecret {
+    /// Name of a Secret in the StreamApp's namespace with `ca.crt` and optionally `tls.crt` and
+    /// `tls.key` (client authentication).
+    #[schemars(length(min = 1))]
+    pub secret_name: String,
+}
+
+/// Volumes for state.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSpec {
+    /// Size of each pod's state volume. It may grow (existing claims are expanded where the
+    /// storage class allows it) but not shrink.
+    #[serde(default = "default_storage_size")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
+    #[x_kube(validation = Rule::new("quantity(self).compareTo(quantity(oldSelf)) >= 0").message("storage.size may grow but not shrink: volumes cannot be made smaller"))]
+    pub size: String,
+    /// Storage class of the state volumes (the cluster default when unset). Cannot change
+    /// once the volumes exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("storage.storageClassName cannot change: existing volumes keep their class"))]
+    pub storage_class_name: Option<String>,
+    /// A separate volume for RocksDB's write-ahead logs, for example on faster disks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_volume: Option<WalVolumeSpec>,
+    /// What happens to the volumes when the StreamApp is deleted or scaled down. `Retain`
+    /// (default) keeps the state so a re-created or re-scaled app restores only a tail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_policy: Option<VolumeRetentionPolicy>,
+}
+
+pub fn default_storage_size() -> String {
+    "1Gi".into()
+}
+
+impl Default for StorageSpec {
+    fn default() -> Self {
+        StorageSpec { size: default_storage_size(), storage_class_name: None, wal_volume: None, retention_policy: None }
+    }
+}
+
+#[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WalVolumeSpec {
+    /// Size of each pod's WAL volume; may grow, not shrink.
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
+    #[x_kube(validation = Rule::new("quantity(self).compareTo(quantity(oldSelf)) >= 0").message("storage.walVolume.size may grow but not shrink: volumes cannot be made smaller"))]
+    pub size: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeRetentionPolicy {
+    #[serde(default)]
+    pub when_deleted: RetainOrDelete,
+    #[serde(default)]
+    pub when_scaled: RetainOrDelete,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RetainOrDelete {
+    #[default]
+    Retain,
+    Delete,
+}
+
+/// Graceful shutdown.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShutdownSpec {
+    /// Time the drain may take: finish the transaction, apply it, flush memtables, sync the WAL
+    /// and write checkpoints. Sets the preStop hook's wait and the pod's
+    /// terminationGracePeriodSeconds (this plus a margin).
+    #[serde(default = "default_drain_timeout")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub drain_timeout: String,
+}
+
+pub fn default_drain_timeout() -> String {
+    "60s".into()
+}
+
+impl Default for ShutdownSpec {
+    fn default() -> Self {
+        ShutdownSpec { drain_timeout: default_drain_timeout() }
+    }
+}
+
+/// Pod placement and metadata, passed to the StatefulSet's pod template.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodOverrides {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// Service account of the pods. By default the operator creates `<name>-agent`, allowed
+    /// only to report this StreamApp's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+/// The agent sidecar.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSpec {
+    /// Image of the agent (defaults to `spec.image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Longest time between two status reports when nothing changes (Go duration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub heartbeat: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// Observed state. The operator owns every field but `pods`; each agent owns its own pod's
+/// entry in `pods` (server-side apply, list keyed by pod name).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamAppStatus {
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Pending, Progressing, Running, Degraded or Stopped (scaled to zero).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Pods of the StatefulSet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Pods whose processor has restored its state and is processing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// `ready/desired`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+    /// Label selector of the pods (for the scale subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Healthy, Degraded or Unknown: the worst of the pods' state reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_health: Option<String>,
+    /// Largest number of changelog records any store would replay after a crash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worst_restore_lag: Option<i64>,
+    /// Age of the oldest durable store commit across pods (e.g. `3s`, `2m10s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worst_checkpoint_age: Option<String>,
+    /// Hash of the processor configuration the pods run with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
+    /// Ready, Progressing, StateHealthy and Degraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// One entry per pod, written by that pod's agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub pods: Vec<PodStateStatus>,
+}
+
+/// A pod's state health, as its agent last saw it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStateStatus {
+    /// Pod name.
+    pub name: String,
+    /// When the agent wrote this entry (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_at: Option<String>,
+    /// Starting, Restoring, Running, Draining, Drained, Failed or Down (no processor running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The processor answers /healthz.
+    #[serde(default)]
+    pub processor_up: bool,
+    /// The processor answers /readyz (state restored).
+    #[serde(default)]
+    pub ready: bool,
+    /// Whether the processor's previous shutdown was a completed drain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_shutdown_clean: Option<bool>,
+    /// How long the last drain took, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_duration_ms: Option<i64>,
+    /// Free bytes on the state volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_disk_bytes: Option<i64>,
+    /// Quarantined stores on this pod's volume.
+    #[serde(default)]
+    pub quarantines: i32,
+    /// Why the state is not healthy, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Per task (input partition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskStateStatus>,
+}
+
+/// A task's store, as the agent last saw it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStateStatus {
+    pub partition: i32,
+    /// Next input offset, as committed in the last transaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed_offset: Option<i64>,
+    /// End of the changelog partition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changelog_end: Option<i64>,
+    /// Changelog records a restart would replay (changelog end minus the store's offset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_lag: Option<i64>,
+    /// While restoring: records restored so far of records to restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreStatus>,
+    /// How the store was opened: Clean, ReplayedTail, FullRestore or Rebuilt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opened: Option<String>,
+    /// Seconds since the store last durably recorded a commit (or a drain checkpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_age_seconds: Option<i64>,
+    #[serde(default)]
+    pub wal_files: i64,
+    #[serde(default)]
+    pub wal_bytes: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_oldest_age_seconds: Option<i64>,
+    #[serde(default)]
+    pub quarantines: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_quarantine_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_quarantine_at: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreStatus {
+    pub restored: i64,
+    pub total: i64,
+    /// Records per second so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<i64>,
+    /// Estimated seconds left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn crd_has_the_names_users_type() {
+        let crd = StreamApp::crd();
+        assert_eq!(crd.metadata.name.as_deref(), Some("streamapps.streamapp.dev"));
+        assert_eq!(crd.spec.names.short_names, Some(vec!["sapp".to_string()]));
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1");
+        let sub = version.subresources.as_ref().unwrap();
+        assert!(sub.status.is_some());
+        assert_eq!(sub.scale.as_ref().unwrap().label_selector_path.as_deref(), Some(".status.selector"));
+    }
+
+    #[test]
+    fn status_pods_is_a_list_map_keyed_by_pod_name() {
+        let crd = serde_json::to_value(StreamApp::crd()).unwrap();
+        let pods = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["pods"];
+        assert_eq!(pods["x-kubernetes-list-type"], "map");
+        assert_eq!(pods["x-kubernetes-list-map-keys"], serde_json::json!(["name"]));
+    }
+
+    #[test]
+    fn cel_rules_are_in_the_schema() {
+        let crd = serde_json::to_string(&StreamApp::crd()).unwrap();
+        assert!(crd.contains("duration(self.topology.retention) > duration(self.topology.commitInterval)"));
+        assert!(crd.contains("storage.size may grow but not shrink"));
+    }
+}

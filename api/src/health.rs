@@ -1,0 +1,156 @@
+//! The processor's health file: `<state-dir>/health.json`, replaced atomically (written to a
+//! temporary file, fsynced, renamed) whenever something worth reporting changes.
+//!
+//! The processor writes it; the agent reads it (also after the processor died, which is why
+//! it lives on the state volume and not only behind HTTP). Times are Unix milliseconds.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// File name of the health file inside the state directory.
+pub const HEALTH_FILE: &str = "health.json";
+/// Schema version written in [`ProcessorHealth::version`].
+pub const HEALTH_VERSION: u32 = 1;
+
+/// What the processor is doing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ProcessorPhase {
+    /// Opening stores, joining the group.
+    #[default]
+    Starting,
+    /// Replaying changelog tails into stores; not ready.
+    Restoring,
+    /// Processing input.
+    Running,
+    /// Finishing the transaction, flushing stores and writing checkpoints.
+    Draining,
+    /// Drained: stores flushed, checkpoints written. The next start restores nothing.
+    Drained,
+    /// Stopped on an error it could not handle (the message says which).
+    Failed,
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessorHealth {
+    pub version: u32,
+    /// Pod (instance) name; also the transactional and static-membership identity.
+    pub pod: String,
+    pub application_id: String,
+    pub phase: ProcessorPhase,
+    /// Process id, so a reader can tell a stale file from a live processor.
+    pub pid: u32,
+    pub started_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// Whether the shutdown before this start was a completed drain (checkpoints present for
+    /// every store it found). `None` on a first start with an empty state dir.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_shutdown_clean: Option<bool>,
+    /// Set when a drain finished: how long it took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_duration_ms: Option<u64>,
+    /// Why the processor failed, when phase is Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// One entry per task (input partition) this process owns.
+    #[serde(default)]
+    pub tasks: Vec<TaskHealth>,
+}
+
+/// How a task's store was opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum StoreOpen {
+    /// A checkpoint matched the store's own offsets: nothing to replay.
+    Clean,
+    /// Opened after an unclean stop: the changelog tail after the store's offset was replayed.
+    ReplayedTail,
+    /// No local store (new task): restored from the start of the changelog.
+    FullRestore,
+    /// The store was damaged: quarantined and rebuilt from the changelog.
+    Rebuilt,
+}
+
+/// One task: an input partition, its store and its changelog partition.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskHealth {
+    pub partition: i32,
+    /// Next input offset to process, as committed in the last Kafka transaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed_offset: Option<i64>,
+    /// Next changelog offset the store has not applied (stored atomically with the data).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_changelog_offset: Option<i64>,
+    /// End of the changelog partition (read_committed), when last looked at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changelog_end_offset: Option<i64>,
+    /// How the store was opened this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opened: Option<StoreOpen>,
+    /// Restore progress, while restoring and after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreProgress>,
+    /// When the checkpoint file of this task was last written (a drain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint_at_ms: Option<i64>,
+    /// Keys in the store (RocksDB's estimate).
+    #[serde(default)]
+    pub store_keys: u64,
+    /// Bytes of SST files of the store.
+    #[serde(default)]
+    pub store_bytes: u64,
+    #[serde(default)]
+    pub wal: WalFiles,
+    /// Quarantines of this task's store, newest last (bounded).
+    #[serde(default)]
+    pub quarantines: Vec<Quarantine>,
+}
+
+/// Changelog replay into a store.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreProgress {
+    pub records_restored: u64,
+    /// Records between the store's offset and the changelog end when restore began.
+    pub records_to_restore: u64,
+    pub started_at_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<i64>,
+}
+
+/// RocksDB write-ahead log files of a store.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WalFiles {
+    pub files: u64,
+    pub bytes: u64,
+    /// Age of the oldest live WAL file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_age_seconds: Option<u64>,
+}
+
+/// A damaged store moved aside for forensics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Quarantine {
+    pub at_ms: i64,
+    pub reason: String,
+    /// Where the damaged store was moved to.
+    pub path: String,
+}
+
+impl ProcessorHealth {
+    pub fn new(pod: &str, application_id: &str, now_ms: i64) -> Self {
+        ProcessorHealth {
+            version: HEALTH_VERSION,
+            pod: pod.into(),
+            application_id: application_id.into(),
+            phase: ProcessorPhase::Starting,
+            pid: std::process::id(),
+            started_at_ms: now_ms,
+            updated_at_ms: now_ms,
+            ..Default::default()
+        }
+    }
+}

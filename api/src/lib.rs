@@ -1,0 +1,16 @@
+//! What StreamApp's programs must agree on.
+//!
+//! - [`crd`]: the `StreamApp` custom resource (spec written by users, status written by the
+//!   operator and, per pod, by the agents).
+//! - [`config`]: the processor's configuration file, which the operator renders into a
+//!   ConfigMap and the processor reads.
+//! - [`health`]: the health file the processor keeps in its state directory, which the agent
+//!   reads.
+//! - [`probe`]: the processor's local HTTP endpoints and a tiny client for them.
+//! - [`units`]: the duration and quantity notations these use.
+
+pub mod config;
+pub mod crd;
+pub mod health;
+pub mod probe;
+pub mod units;

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build needs, when they are missing:
+#   libclang-dev (RocksDB bindings), libcurl4-openssl-dev, libssl-dev, libsasl2-dev, zlib1g-dev
+#   (librdkafka with TLS/SASL), openssl and curl (the dev scripts).
+source "$(dirname "$0")/lib.sh"
+
+packages=(libclang-dev libcurl4-openssl-dev libssl-dev libsasl2-dev zlib1g-dev cmake pkg-config openssl curl)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+((${#missing[@]})) || exit 0
+log "installing system packages: ${missing[*]}"
+sudo=()
+((EUID == 0)) || sudo=(sudo)
+"${sudo[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

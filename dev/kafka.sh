@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Starts or stops the local single-node Apache Kafka (KRaft: combined broker + controller).
+#   dev/kafka.sh start|stop|status
+# Data, config and the log live in $STREAMAPP_RUN/kafka; the broker listens on 127.0.0.1:$KAFKA_PORT.
+source "$(dirname "$0")/lib.sh"
+
+dir="$STREAMAPP_RUN/kafka"
+pidfile="$dir/kafka.pid"
+logfile="$dir/kafka.log"
+
+# The JVM command line shared by the broker and the storage tool.
+kafka_java=(java -Xms512m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
+  -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$KAFKA_HOME/libs/*")
+
+write_config() {
+  mkdir -p "$dir/data"
+  cat >"$dir/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$dir/data
+# One broker: every internal topic has one replica, so transactions and groups work.
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=8
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+# Topics are created on purpose (the processor creates and validates its changelog).
+auto.create.topics.enable=false
+num.partitions=1
+# Tests kill processors on purpose: let the broker notice dead members and open
+# transactions quickly.
+group.consumer.min.session.timeout.ms=1000
+group.classic.min.session.timeout.ms=1000
+transaction.abort.timed.out.transaction.cleanup.interval.ms=5000
+PROPS
+  cat >"$dir/log4j2.properties" <<PROPS
+rootLogger.level=INFO
+rootLogger.appenderRef.stdout.ref=STDOUT
+appender.stdout.type=Console
+appender.stdout.name=STDOUT
+appender.stdout.layout.type=PatternLayout
+appender.stdout.layout.pattern=[%d] %p %m (%c)%n
+logger.kafka.name=kafka
+logger.kafka.level=WARN
+logger.apache.name=org.apache.kafka
+logger.apache.level=WARN
+logger.started.name=kafka.server.KafkaRaftServer
+logger.started.level=INFO
+PROPS
+}
+
+broker_answers() {
+  # The port is open and the server logged that it finished starting.
+  (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null && grep -q "Kafka Server started" "$logfile"
+}
+
+start() {
+  [[ -f $KAFKA_HOME/.complete ]] || die "kafka is not installed: run 'make setup' (or dev/install-kafka.sh)"
+  if pid_alive "$pidfile"; then
+    log "kafka already running (pid $(cat "$pidfile")) on 127.0.0.1:$KAFKA_PORT"
+    return
+  fi
+  write_config
+  if [[ ! -f $dir/data/meta.properties ]]; then
+    log "formatting kafka storage in $dir/data"
+    local cluster_id
+    cluster_id=$("${kafka_java[@]}" kafka.tools.StorageTool random-uuid)
+    "${kafka_java[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+      >"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "formatting kafka storage failed"; }
+  fi
+  log "starting kafka $KAFKA_VERSION on 127.0.0.1:$KAFKA_PORT (log: $logfile)"
+  : >"$logfile"
+  nohup "${kafka_java[@]}" kafka.Kafka "$dir/server.properties" >>"$logfile" 2>&1 &
+  echo $! >"$pidfile"
+  wait_until 120 "kafka" "$logfile" broker_answers
+  log "kafka is up: bootstrap servers 127.0.0.1:$KAFKA_PORT"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop_pid kafka "$pidfile" ;;
+  status) pid_alive "$pidfile" && echo "kafka running (pid $(cat "$pidfile"))" || echo "kafka stopped" ;;
+  *) die "usage: $0 start|stop|status" ;;
+esac

@@ -1,0 +1,72 @@
+# shellcheck shell=bash
+# Shared settings for the dev scripts: versions, cache and runtime folders, small helpers.
+# Sourced, never run. Every value can be overridden from the environment.
+
+set -euo pipefail
+
+DEV_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(cd "$DEV_DIR/.." && pwd)"
+
+# Downloads and builds are kept here, outside the clone, so re-runs are fast.
+STREAMAPP_CACHE="${STREAMAPP_CACHE:-$HOME/.cache/streamapp}"
+# Runtime state of the local services (data dirs, logs, pids): wiped by `make down`.
+STREAMAPP_RUN="${STREAMAPP_RUN:-$STREAMAPP_CACHE/run}"
+
+KAFKA_VERSION="${KAFKA_VERSION:-4.4.0}"
+KAFKA_PORT="${KAFKA_PORT:-19092}"
+KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-19093}"
+
+KUBE_VERSION="${KUBE_VERSION:-v1.35.4}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
+HELM_VERSION="${HELM_VERSION:-v3.19.0}"
+ETCD_PORT="${ETCD_PORT:-12379}"
+ETCD_PEER_PORT="${ETCD_PEER_PORT:-12380}"
+APISERVER_PORT="${APISERVER_PORT:-16443}"
+
+KAFKA_HOME="$STREAMAPP_CACHE/kafka-$KAFKA_VERSION"
+KUBE_BIN="$STREAMAPP_CACHE/kube-$KUBE_VERSION/bin"
+TOOLS_BIN="$STREAMAPP_CACHE/tools/bin"
+KUBECONFIG_PATH="$STREAMAPP_RUN/kube/admin.kubeconfig"
+
+export PATH="$KUBE_BIN:$TOOLS_BIN:$PATH"
+
+log() { printf '\033[1m[streamapp]\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[31m[streamapp] error:\033[0m %s\n' "$*" >&2; exit 1; }
+
+# wait_until SECONDS DESCRIPTION LOGFILE CMD...: polls CMD every half second; on timeout
+# prints the tail of LOGFILE so the failure explains itself.
+wait_until() {
+  local secs=$1 what=$2 logfile=$3
+  shift 3
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      log "$what did not come up within ${secs}s; last lines of $logfile:"
+      tail -n 40 "$logfile" >&2 || true
+      die "$what failed to start (full log: $logfile)"
+    fi
+    sleep 0.5
+  done
+}
+
+# pid_alive PIDFILE: true when the process recorded in PIDFILE still runs.
+pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# stop_pid NAME PIDFILE: TERM, wait up to 20 s, then KILL.
+stop_pid() {
+  local name=$1 pidfile=$2
+  pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
+  local pid
+  pid=$(cat "$pidfile")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 40); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    log "$name did not stop on TERM; killing"
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$pidfile"
+}

@@ -1,0 +1,199 @@
+//! The test bed's storage: a dynamic provisioner for StorageClasses whose provisioner is
+//! `streamapp.dev/local-provisioner`.
+//!
+//! There is no kubelet or CSI driver on the test bed, so this plays their part the way
+//! external-provisioner and external-resizer would for a real driver:
+//! - a pending claim of such a class gets a hostPath PersistentVolume, pre-bound to it, whose
+//!   directory is `<volumes-dir>/<pv-name>` (the demo runs processors on these directories);
+//! - a bound claim whose request grew has its volume and its status capacity raised;
+//! - a released volume with reclaim policy Delete is deleted, directory and all.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+const PROVISIONER: &str = "streamapp.dev/local-provisioner";
+
+#[derive(Parser)]
+#[command(about = "Provisions hostPath PersistentVolumes for the local test bed")]
+struct Args {
+    /// Kubeconfig of the local API server.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: PathBuf,
+    /// Where volume directories are created.
+    #[arg(long)]
+    volumes_dir: PathBuf,
+    /// How often claims and volumes are looked at.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    interval: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().map_err(|_| format!("not a duration: {s}"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        _ => Err(format!("not a duration: {s} (use ms or s)")),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt().with_env_filter("info").init();
+    let args = Args::parse();
+    let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    let client = Client::try_from(config)?;
+    std::fs::create_dir_all(&args.volumes_dir)?;
+    info!(volumes_dir = %args.volumes_dir.display(), "local provisioner running");
+    loop {
+        if let Err(e) = pass(&client, &args).await {
+            warn!(error = %format!("{e:#}"), "provisioning pass failed; retrying");
+        }
+        tokio::time::sleep(args.interval).await;
+    }
+}
+
+/// One look at every claim and volume.
+async fn pass(client: &Client, args: &Args) -> Result<()> {
+    let classes: BTreeMap<String, StorageClass> = Api::<StorageClass>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|c| c.provisioner == PROVISIONER)
+        .map(|c| (c.name_any(), c))
+        .collect();
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let claims = Api::<PersistentVolumeClaim>::all(client.clone()).list(&ListParams::default()).await?;
+    for claim in claims.items {
+        let spec = claim.spec.clone().unwrap_or_default();
+        let Some(class) = spec.storage_class_name.as_ref().and_then(|c| classes.get(c)) else {
+            continue;
+        };
+        if claim.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        match spec.volume_name.as_deref() {
+            None | Some("") => provision(client, &pvs, &claim, class, args).await?,
+            Some(pv_name) => resize(client, &pvs, &claim, pv_name).await?,
+        }
+    }
+    for pv in pvs.list(&ListParams::default()).await?.items {
+        let ours = pv.annotations().get("pv.kubernetes.io/provisioned-by").map(String::as_str) == Some(PROVISIONER);
+        let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
+        let delete = pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) == Some("Delete");
+        if ours && released && delete && pv.metadata.deletion_timestamp.is_none() {
+            let dir = args.volumes_dir.join(pv.name_any());
+            let _ = std::fs::remove_dir_all(&dir);
+            pvs.delete(&pv.name_any(), &DeleteParams::default()).await?;
+            info!(pv = %pv.name_any(), "deleted released volume");
+        }
+    }
+    Ok(())
+}
+
+fn requested(claim: &PersistentVolumeClaim) -> Option<Quantity> {
+    claim.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?.get("storage").cloned()
+}
+
+async fn provision(
+    _client: &Client,
+    pvs: &Api<PersistentVolume>,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    args: &Args,
+) -> Result<()> {
+    let ns = claim.namespace().unwrap_or_default();
+    let uid = claim.uid().context("claim without uid")?;
+    let name = format!("pvc-{uid}");
+    if pvs.get_opt(&name).await?.is_some() {
+        return Ok(()); // made in an earlier pass; the binder will catch up
+    }
+    let size = requested(claim).context("claim without a storage request")?;
+    let dir = args.volumes_dir.join(&name);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let spec = claim.spec.clone().unwrap_or_default();
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "annotations": { "pv.kubernetes.io/provisioned-by": PROVISIONER },
+        },
+        "spec": {
+            "capacity": { "storage": size },
+            "accessModes": spec.access_modes.unwrap_or_else(|| vec!["ReadWriteOnce".into()]),
+            "persistentVolumeReclaimPolicy": class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
+            "storageClassName": class.name_any(),
+            "volumeMode": spec.volume_mode.unwrap_or_else(|| "Filesystem".into()),
+            "hostPath": { "path": dir, "type": "DirectoryOrCreate" },
+            "claimRef": {
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "namespace": ns, "name": claim.name_any(), "uid": uid,
+            },
+        },
+    }))?;
+    pvs.create(&PostParams::default(), &pv).await?;
+    info!(namespace = %ns, claim = %claim.name_any(), pv = %name, size = %size.0, "provisioned volume");
+    Ok(())
+}
+
+/// Grows a bound volume to its claim's new request, as an online-expanding driver would.
+async fn resize(
+    client: &Client,
+    pvs: &Api<PersistentVolume>,
+    claim: &PersistentVolumeClaim,
+    pv_name: &str,
+) -> Result<()> {
+    let Some(want) = requested(claim) else { return Ok(()) };
+    let have = claim.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).cloned();
+    let Some(have) = have else { return Ok(()) }; // not bound yet
+    if bytes(&want)? <= bytes(&have)? {
+        return Ok(());
+    }
+    let ns = claim.namespace().unwrap_or_default();
+    let pp = PatchParams::default();
+    pvs.patch(pv_name, &pp, &Patch::Merge(json!({ "spec": { "capacity": { "storage": want } } })))
+        .await?;
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
+        .patch_status(
+            &claim.name_any(),
+            &pp,
+            &Patch::Merge(json!({ "status": { "capacity": { "storage": want }, "allocatedResources": { "storage": want } } })),
+        )
+        .await?;
+    info!(namespace = %ns, claim = %claim.name_any(), from = %have.0, to = %want.0, "expanded volume");
+    Ok(())
+}
+
+/// A storage quantity in bytes (binary and decimal suffixes, as Kubernetes writes them).
+fn bytes(q: &Quantity) -> Result<u128> {
+    let s = q.0.trim();
+    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let n: f64 = num.parse().with_context(|| format!("quantity {s}"))?;
+    let mult: f64 = match suffix {
+        "" => 1.0,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        other => anyhow::bail!("unsupported quantity suffix {other} in {s}"),
+    };
+    Ok((n * mult) as u128)
+}

@@ -1,0 +1,127 @@
+//! The local Kafka broker: its address, topics, and small helpers to produce and read.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::producer::{BaseProducer, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+/// Default port of dev/kafka.sh.
+const DEFAULT_BOOTSTRAP: &str = "127.0.0.1:19092";
+const HOW_TO_START: &str = "start it with `make up` (or `dev/kafka.sh start`)";
+
+/// The bootstrap servers of the local broker (`$STREAMAPP_KAFKA_BOOTSTRAP` or
+/// 127.0.0.1:19092). Panics, naming the service, when no broker answers there.
+pub fn bootstrap() -> String {
+    let servers =
+        std::env::var("STREAMAPP_KAFKA_BOOTSTRAP").unwrap_or_else(|_| DEFAULT_BOOTSTRAP.into());
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &servers)
+        .create()
+        .expect("creating a Kafka client");
+    if let Err(e) = probe.fetch_metadata(None, Duration::from_secs(10)) {
+        panic!("the Kafka broker at {servers} is not reachable ({e}): {HOW_TO_START}");
+    }
+    servers
+}
+
+/// A client configuration pointing at the local broker.
+pub fn client_config() -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap());
+    config
+}
+
+/// Creates a topic with `partitions` partitions (replication factor 1) and waits until the
+/// broker's metadata shows it.
+pub async fn create_topic(name: &str, partitions: i32) {
+    create_topic_with(name, partitions, &[]).await
+}
+
+/// Like [`create_topic`], with topic configs such as `("cleanup.policy", "compact")`.
+pub async fn create_topic_with(name: &str, partitions: i32, configs: &[(&str, &str)]) {
+    let admin: AdminClient<DefaultClientContext> =
+        client_config().create().expect("creating a Kafka admin client");
+    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    for (k, v) in configs {
+        topic = topic.set(k, v);
+    }
+    let results = admin
+        .create_topics([&topic], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))))
+        .await
+        .expect("create_topics request");
+    for r in results {
+        if let Err((topic, code)) = r {
+            panic!("creating topic {topic}: {code}");
+        }
+    }
+}
+
+/// A transactional producer with `transactional.id` = `txn_id`, transactions initialised.
+pub fn transactional_producer(txn_id: &str) -> BaseProducer {
+    let producer: BaseProducer = client_config()
+        .set("transactional.id", txn_id)
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("creating a transactional producer");
+    producer
+        .init_transactions(Duration::from_secs(30))
+        .expect("init_transactions");
+    producer
+}
+
+/// How a reader treats records of open or aborted transactions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isolation {
+    ReadCommitted,
+    ReadUncommitted,
+}
+
+/// Reads every partition of `topic` from the beginning up to its current end (the last stable
+/// offset under read_committed) and hands each record to `f`. Returns the number of records.
+pub fn read_all(topic: &str, isolation: Isolation, mut f: impl FnMut(&BorrowedMessage<'_>)) -> usize {
+    let consumer: BaseConsumer = client_config()
+        .set("group.id", crate::unique_name("testbed-reader"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set(
+            "isolation.level",
+            match isolation {
+                Isolation::ReadCommitted => "read_committed",
+                Isolation::ReadUncommitted => "read_uncommitted",
+            },
+        )
+        .create()
+        .expect("creating a consumer");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("topic metadata");
+    let partitions = metadata.topics()[0].partitions().len();
+    assert!(partitions > 0, "topic {topic} does not exist");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p as i32, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut at_end = vec![false; partitions];
+    let mut count = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while at_end.iter().any(|e| !e) {
+        assert!(std::time::Instant::now() < deadline, "reading {topic} did not reach its end in 60 s");
+        match consumer.poll(Duration::from_millis(200)) {
+            None => {}
+            Some(Ok(m)) => {
+                at_end[m.partition() as usize] = false;
+                count += 1;
+                f(&m);
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => at_end[p as usize] = true,
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+        }
+    }
+    count
+}

@@ -1,0 +1,96 @@
+//! The local Kubernetes control plane: a client from the admin kubeconfig, and a namespace per
+//! test.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+const HOW_TO_START: &str = "start it with `make up` (or `dev/kube.sh start`)";
+
+/// The admin kubeconfig dev/kube.sh writes (`$STREAMAPP_KUBECONFIG` overrides it).
+pub fn kubeconfig_path() -> PathBuf {
+    std::env::var_os("STREAMAPP_KUBECONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::run_dir().join("kube/admin.kubeconfig"))
+}
+
+/// A client for the local API server, as cluster admin. Panics, naming the service, when the
+/// kubeconfig is missing or the API server does not answer.
+pub async fn client() -> Client {
+    let path = kubeconfig_path();
+    let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| {
+        panic!("no kubeconfig for the local kube-apiserver at {} ({e}): {HOW_TO_START}", path.display())
+    });
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("reading the local kubeconfig");
+    let url = config.cluster_url.clone();
+    let client = Client::try_from(config).expect("creating a Kubernetes client");
+    if let Err(e) = tokio::time::timeout(Duration::from_secs(10), client.apiserver_version())
+        .await
+        .unwrap_or_else(|_| panic!("the kube-apiserver at {url} did not answer in 10 s: {HOW_TO_START}"))
+    {
+        panic!("the kube-apiserver at {url} is not reachable ({e}): {HOW_TO_START}");
+    }
+    client
+}
+
+/// A namespace that exists for one test. Call [`TestNamespace::delete`] at the end of a passing
+/// test; a failing test leaves it behind for a look.
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    /// Creates `t-<prefix>-<random>`.
+    pub async fn create(client: &Client, prefix: &str) -> Self {
+        let name = crate::unique_name(&format!("t-{prefix}"));
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "labels": { "streamapp.dev/test": "true" } }
+        }))
+        .unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+        // The controller-manager creates the default ServiceAccount shortly after; pods are
+        // refused until it exists.
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &name);
+        crate::kube::wait_for(Duration::from_secs(30), "the default ServiceAccount", || async {
+            sas.get_opt("default").await.ok().flatten().is_some()
+        })
+        .await;
+        TestNamespace { name, client: client.clone() }
+    }
+
+    /// Deletes the namespace (and so everything in it).
+    pub async fn delete(self) {
+        let _ = Api::<Namespace>::all(self.client)
+            .delete(&self.name, &DeleteParams::background())
+            .await;
+    }
+}
+
+/// Polls `check` every 200 ms until it returns true; panics after `timeout`, saying what it
+/// was waiting for.
+pub async fn wait_for<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,78 @@
+//! Prometheus metrics of the processor, all prefixed `streamapp_processor_`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabel {
+    pub partition: String,
+}
+
+/// Every metric the processor exports.
+#[derive(Clone)]
+pub struct Metrics {
+    pub records_in: Counter,
+    pub records_out: Counter,
+    pub duplicates: Counter,
+    pub dead_letters: Family<ReasonLabel, Counter>,
+    pub transactions_committed: Counter,
+    pub transactions_aborted: Counter,
+    pub commit_seconds: Histogram,
+    pub restore_records: Counter,
+    pub restore_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    pub quarantines: Counter,
+    pub store_bytes: Family<PartitionLabel, Gauge>,
+    pub store_keys: Family<PartitionLabel, Gauge>,
+    pub wal_bytes: Family<PartitionLabel, Gauge>,
+    pub assigned_tasks: Gauge,
+}
+
+impl Metrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Metrics {
+            records_in: Counter::default(),
+            records_out: Counter::default(),
+            duplicates: Counter::default(),
+            dead_letters: Family::default(),
+            transactions_committed: Counter::default(),
+            transactions_aborted: Counter::default(),
+            commit_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            restore_records: Counter::default(),
+            restore_seconds: Counter::default(),
+            quarantines: Counter::default(),
+            store_bytes: Family::default(),
+            store_keys: Family::default(),
+            wal_bytes: Family::default(),
+            assigned_tasks: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("streamapp_processor");
+        r.register("records_in", "Input records processed (committed or not)", m.records_in.clone());
+        r.register("records_out", "First occurrences written to the output topic", m.records_out.clone());
+        r.register("duplicates", "Records recognised as duplicates", m.duplicates.clone());
+        r.register("dead_letters", "Records sent to the dead-letter topic, by reason", m.dead_letters.clone());
+        r.register("transactions_committed", "Kafka transactions committed", m.transactions_committed.clone());
+        r.register("transactions_aborted", "Kafka transactions aborted", m.transactions_aborted.clone());
+        r.register("commit_seconds", "Time to commit a transaction and apply it to the stores", m.commit_seconds.clone());
+        r.register("restore_records", "Changelog records replayed into stores", m.restore_records.clone());
+        r.register("restore_seconds", "Time spent restoring stores", m.restore_seconds.clone());
+        r.register("quarantines", "Damaged stores moved to quarantine", m.quarantines.clone());
+        r.register("store_bytes", "Bytes of live SST files per store", m.store_bytes.clone());
+        r.register("store_keys", "Estimated keys per store", m.store_keys.clone());
+        r.register("wal_bytes", "Bytes of WAL files per store", m.wal_bytes.clone());
+        r.register("assigned_tasks", "Tasks (input partitions) owned by this process", m.assigned_tasks.clone());
+        m
+    }
+
+    pub fn partition(p: i32) -> PartitionLabel {
+        PartitionLabel { partition: p.to_string() }
+    }
+}

@@ -1,0 +1,98 @@
+//! State shared by the processing thread and the HTTP server: the health report (also kept on
+//! disk as the health file), readiness, and the drain handshake.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use streamapp_api::health::{ProcessorHealth, ProcessorPhase};
+use tokio::sync::watch;
+
+use crate::state_dir::StateDir;
+
+/// How often the health file is rewritten at most, unless the phase changes.
+const HEALTH_FILE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How a drain ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DrainOutcome {
+    Drained { duration_ms: u64 },
+    Failed(String),
+}
+
+pub struct Shared {
+    pub state_dir: StateDir,
+    health: Mutex<(ProcessorHealth, Option<Instant>)>,
+    ready: AtomicBool,
+    drain_requested: AtomicBool,
+    drain_tx: watch::Sender<Option<DrainOutcome>>,
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Shared {
+    pub fn new(state_dir: StateDir, health: ProcessorHealth) -> Self {
+        Shared {
+            state_dir,
+            health: Mutex::new((health, None)),
+            ready: AtomicBool::new(false),
+            drain_requested: AtomicBool::new(false),
+            drain_tx: watch::channel(None).0,
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// A copy of the current health report.
+    pub fn health(&self) -> ProcessorHealth {
+        self.health.lock().unwrap().0.clone()
+    }
+
+    /// Changes the report and writes the health file: at once when `f` changed the phase or
+    /// `force` is set, otherwise at most once per [`HEALTH_FILE_INTERVAL`].
+    pub fn update(&self, force: bool, f: impl FnOnce(&mut ProcessorHealth)) {
+        let mut guard = self.health.lock().unwrap();
+        let (health, last_write) = &mut *guard;
+        let phase = health.phase;
+        f(health);
+        let due = last_write.is_none_or(|t| t.elapsed() >= HEALTH_FILE_INTERVAL);
+        if force || due || health.phase != phase {
+            health.updated_at_ms = now_ms();
+            let bytes = serde_json::to_vec_pretty(health).expect("health serialises");
+            if let Err(e) = crate::checkpoint::write_atomically(&self.state_dir.health_file(), &bytes) {
+                tracing::warn!(error = %e, "could not write the health file");
+            }
+            *last_write = Some(Instant::now());
+        }
+    }
+
+    pub fn set_phase(&self, phase: ProcessorPhase) {
+        self.update(true, |h| h.phase = phase);
+    }
+
+    /// Asks the processing thread to drain; returns a receiver that sees the outcome.
+    pub fn request_drain(&self) -> watch::Receiver<Option<DrainOutcome>> {
+        self.drain_requested.store(true, Ordering::SeqCst);
+        self.drain_tx.subscribe()
+    }
+
+    pub fn drain_requested(&self) -> bool {
+        self.drain_requested.load(Ordering::SeqCst)
+    }
+
+    pub fn finish_drain(&self, outcome: DrainOutcome) {
+        self.drain_tx.send_replace(Some(outcome));
+    }
+
+    pub fn drain_outcome(&self) -> Option<DrainOutcome> {
+        self.drain_tx.borrow().clone()
+    }
+}

@@ -1,0 +1,132 @@
+//! The dedup topology's decisions, free of Kafka and RocksDB: find the id of a record, refuse
+//! what cannot be processed, and decide duplicate or first occurrence.
+
+use streamapp_api::config::{DedupId, DedupIdSource};
+
+/// Header carrying the reason on dead-letter records.
+pub const DLQ_REASON_HEADER: &str = "streamapp.dlq.reason";
+/// Header carrying `topic/partition/offset` of the original record on dead-letter records.
+pub const DLQ_SOURCE_HEADER: &str = "streamapp.dlq.source";
+/// Header carrying the original value size on dead-letter records whose value was cut.
+pub const DLQ_ORIGINAL_SIZE_HEADER: &str = "streamapp.dlq.original-size";
+/// Header added to output and duplicate records: the dedup id.
+pub const DEDUP_ID_HEADER: &str = "streamapp.dedup.id";
+
+/// Why a record goes to the dead-letter topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    MissingId,
+    InvalidJson(String),
+    ValueTooLarge { size: usize, max: u64 },
+}
+
+impl Rejection {
+    /// The value of the reason header (also the metric label).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::MissingId => "missing-dedup-id",
+            Rejection::InvalidJson(_) => "invalid-json",
+            Rejection::ValueTooLarge { .. } => "value-too-large",
+        }
+    }
+
+    pub fn detail(&self) -> String {
+        match self {
+            Rejection::MissingId => "the record has no dedup id".into(),
+            Rejection::InvalidJson(e) => format!("the value is not valid JSON: {e}"),
+            Rejection::ValueTooLarge { size, max } => format!("the value is {size} bytes, the limit is {max}"),
+        }
+    }
+}
+
+/// What the topology needs to know about a record.
+pub struct RecordView<'a> {
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    /// Looks a header up by name.
+    pub header: &'a dyn Fn(&str) -> Option<&'a [u8]>,
+}
+
+/// Finds the dedup id, or why the record cannot be processed.
+pub fn extract_id(record: &RecordView<'_>, source: &DedupId, max_value_bytes: u64) -> Result<Vec<u8>, Rejection> {
+    let size = record.value.map_or(0, <[u8]>::len);
+    if size as u64 > max_value_bytes {
+        return Err(Rejection::ValueTooLarge { size, max: max_value_bytes });
+    }
+    let id = match source.source {
+        DedupIdSource::Key => record.key.map(<[u8]>::to_vec),
+        DedupIdSource::Header => {
+            let name = source.header.as_deref().unwrap_or_default();
+            (record.header)(name).map(<[u8]>::to_vec)
+        }
+        DedupIdSource::JsonPointer => {
+            let value = record.value.ok_or(Rejection::MissingId)?;
+            let json: serde_json::Value =
+                serde_json::from_slice(value).map_err(|e| Rejection::InvalidJson(e.to_string()))?;
+            match json.pointer(source.json_pointer.as_deref().unwrap_or_default()) {
+                Some(serde_json::Value::String(s)) => Some(s.as_bytes().to_vec()),
+                Some(serde_json::Value::Number(n)) => Some(n.to_string().into_bytes()),
+                _ => None,
+            }
+        }
+    };
+    match id {
+        Some(id) if !id.is_empty() => Ok(id),
+        _ => Err(Rejection::MissingId),
+    }
+}
+
+/// Whether a record at `time` whose id was first seen at `first_seen` is a duplicate: the id
+/// is remembered for `retention_ms` of record time.
+pub fn is_duplicate(first_seen: Option<i64>, time: i64, retention_ms: i64) -> bool {
+    first_seen.is_some_and(|first| (time - first).abs() < retention_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view<'a>(key: Option<&'a [u8]>, value: Option<&'a [u8]>, header: &'a dyn Fn(&str) -> Option<&'a [u8]>) -> RecordView<'a> {
+        RecordView { key, value, header }
+    }
+
+    const NO_HEADERS: &dyn Fn(&str) -> Option<&'static [u8]> = &|_| None;
+
+    #[test]
+    fn id_from_key_header_or_json_pointer() {
+        let key = DedupId::default();
+        assert_eq!(extract_id(&view(Some(b"k1"), None, NO_HEADERS), &key, 100), Ok(b"k1".to_vec()));
+
+        let header = DedupId { source: DedupIdSource::Header, header: Some("cmd-id".into()), json_pointer: None };
+        let headers: &dyn Fn(&str) -> Option<&'static [u8]> = &|n| (n == "cmd-id").then_some(b"h1".as_slice());
+        assert_eq!(extract_id(&view(None, None, headers), &header, 100), Ok(b"h1".to_vec()));
+
+        let pointer = DedupId { source: DedupIdSource::JsonPointer, header: None, json_pointer: Some("/cmd/id".into()) };
+        let value = br#"{"cmd":{"id":"j1"}}"#;
+        assert_eq!(extract_id(&view(None, Some(value), NO_HEADERS), &pointer, 100), Ok(b"j1".to_vec()));
+        let numeric = br#"{"cmd":{"id":42}}"#;
+        assert_eq!(extract_id(&view(None, Some(numeric), NO_HEADERS), &pointer, 100), Ok(b"42".to_vec()));
+    }
+
+    #[test]
+    fn bad_records_are_rejected_with_a_reason() {
+        let pointer = DedupId { source: DedupIdSource::JsonPointer, header: None, json_pointer: Some("/id".into()) };
+        assert_eq!(extract_id(&view(None, Some(b"{not json"), NO_HEADERS), &pointer, 100).unwrap_err().code(), "invalid-json");
+        assert_eq!(extract_id(&view(None, Some(br#"{"other":1}"#), NO_HEADERS), &pointer, 100), Err(Rejection::MissingId));
+        assert_eq!(extract_id(&view(None, None, NO_HEADERS), &DedupId::default(), 100), Err(Rejection::MissingId));
+        assert_eq!(extract_id(&view(Some(b""), None, NO_HEADERS), &DedupId::default(), 100), Err(Rejection::MissingId));
+        let big = vec![b'x'; 101];
+        assert_eq!(
+            extract_id(&view(Some(b"k"), Some(&big), NO_HEADERS), &DedupId::default(), 100),
+            Err(Rejection::ValueTooLarge { size: 101, max: 100 })
+        );
+    }
+
+    #[test]
+    fn duplicates_are_judged_by_record_time_within_the_retention() {
+        assert!(!is_duplicate(None, 10, 100));
+        assert!(is_duplicate(Some(10), 50, 100));
+        assert!(is_duplicate(Some(50), 10, 100), "out-of-order records inside the window are duplicates too");
+        assert!(!is_duplicate(Some(10), 110, 100), "seen again after the window: processed again");
+    }
+}
