@@ -19,6 +19,7 @@ help:
 	@echo "make setup   - install system packages, Kafka and the control plane (idempotent)"
 	@echo "make up/down - start/stop Kafka and the local Kubernetes control plane"
 	@echo "make lint    - rustfmt and clippy"
+	@echo "make crds    - regenerate crds/streamapp.dev_streamapps.yaml from the Rust types"
 
 setup: system-packages tools build
 
@@ -57,6 +58,11 @@ test-only:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy $(CARGO_FLAGS) --all-targets -- -D warnings
+
+# The generated CustomResourceDefinition (a test fails when it drifts from api/src/crd.rs).
+crds:
+	$(CARGO) run --release --locked -p streamapp-operator --bin crdgen > crds/streamapp.dev_streamapps.yaml.tmp
+	mv crds/streamapp.dev_streamapps.yaml.tmp crds/streamapp.dev_streamapps.yaml
 
 demo: setup
 	@echo "the demo is not built yet (see the issue 'Helm chart, container image recipe, README, and the one-command local demo')" >&2

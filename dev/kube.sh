@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts or stops the local Kubernetes control plane:
 #   etcd, kube-apiserver (RBAC on), kube-controller-manager, kube-scheduler, kwok (a fake
-#   kubelet that runs no containers: it marks pods on its fake node Running) and the test
+#   kubelet that runs no containers: it marks pods on its fake node Running, with the stages
+#   in dev/kube/kwok-stages.yaml) and the test
 #   bed's PersistentVolume provisioner.
 #   dev/kube.sh start|stop|status
 # The admin kubeconfig is written to $KUBECONFIG_PATH.
@@ -117,7 +118,9 @@ start() {
     --kubeconfig "$KUBECONFIG_PATH" --leader-elect=false --secure-port 0
 
   log "starting kwok (fake kubelet) and the local volume provisioner"
-  start_bg kwok "$TOOLS_BIN/kwok" --kubeconfig "$KUBECONFIG_PATH" \
+  # Stages: StreamApp pods become Running but not Ready (tests play the readiness prober);
+  # every other pod is Running and Ready at once.
+  start_bg kwok "$TOOLS_BIN/kwok" --kubeconfig "$KUBECONFIG_PATH" --config "$DEV_DIR/kube/kwok-stages.yaml" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
     --cidr 10.244.0.1/16 --node-ip 127.0.0.1
   start_bg local-provisioner "$PROVISIONER_BIN" --kubeconfig "$KUBECONFIG_PATH" \

@@ -112,6 +112,11 @@ pub struct RocksDbTuning {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 2, max = 16))]
     pub max_write_buffer_number: Option<i32>,
+    /// Limit on the memtables of all stores of the pod together (quantity): RocksDB flushes
+    /// early rather than exceed it, so memory does not grow with the number of partitions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
+    pub memtable_budget: Option<String>,
     /// SST data block size (quantity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
@@ -202,12 +207,17 @@ pub struct WalTuning {
     pub sync_on_commit: Option<bool>,
 }
 
+/// Memory of the processor beyond RocksDB: librdkafka's producer and consumer queues (the
+/// engine bounds them to 64 MiB and 16 MiB per partition buffer), HTTP, the runtime.
+pub const PROCESS_OVERHEAD_BYTES: u64 = 192 << 20;
+
 /// RocksDB tuning with every knob decided: what the processor opens its stores with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ResolvedRocksDb {
     pub block_cache_bytes: u64,
     pub write_buffer_bytes: u64,
     pub max_write_buffer_number: i32,
+    pub memtable_budget_bytes: u64,
     pub block_size_bytes: u64,
     pub bloom_filter_bits_per_key: i32,
     pub compression: Compression,
@@ -231,6 +241,7 @@ impl ResolvedRocksDb {
             block_cache_bytes: 50 * MI,
             write_buffer_bytes: 16 * MI,
             max_write_buffer_number: 3,
+            memtable_budget_bytes: 128 * MI,
             block_size_bytes: 4 * 1024,
             bloom_filter_bits_per_key: 10,
             compression: Compression::None,
@@ -249,6 +260,7 @@ impl ResolvedRocksDb {
                 block_cache_bytes: 16 * MI,
                 write_buffer_bytes: 4 * MI,
                 max_write_buffer_number: 2,
+                memtable_budget_bytes: 32 * MI,
                 compression: Compression::Lz4,
                 max_background_jobs: 1,
                 wal_max_total_bytes: 16 * MI,
@@ -258,6 +270,7 @@ impl ResolvedRocksDb {
                 block_cache_bytes: 256 * MI,
                 write_buffer_bytes: 64 * MI,
                 max_write_buffer_number: 4,
+                memtable_budget_bytes: 512 * MI,
                 block_size_bytes: 16 * 1024,
                 compression: Compression::Lz4,
                 max_background_jobs: 4,
@@ -267,10 +280,17 @@ impl ResolvedRocksDb {
         }
     }
 
-    /// Memory RocksDB may use outside any heap for `stores` stores: the shared cache plus
-    /// every store's memtables. The operator checks this against the container's limit.
-    pub fn memory_budget_bytes(&self, stores: u64) -> u64 {
-        self.block_cache_bytes + stores * self.write_buffer_bytes * self.max_write_buffer_number as u64
+    /// Memory RocksDB may use outside any heap, however many stores the pod has: the shared
+    /// block cache plus the shared memtable budget.
+    pub fn rocksdb_memory_bytes(&self) -> u64 {
+        self.block_cache_bytes + self.memtable_budget_bytes
+    }
+
+    /// Memory the processor container needs: RocksDB's share plus the process itself
+    /// (librdkafka's bounded queues, buffers, the runtime). The operator checks a spec's
+    /// memory limit against this.
+    pub fn container_memory_bytes(&self) -> u64 {
+        self.rocksdb_memory_bytes() + PROCESS_OVERHEAD_BYTES
     }
 }
 
@@ -287,6 +307,7 @@ impl RocksDbTuning {
         q("rocksdb.blockCacheSize", &self.block_cache_size, &mut r.block_cache_bytes)?;
         q("rocksdb.writeBufferSize", &self.write_buffer_size, &mut r.write_buffer_bytes)?;
         q("rocksdb.blockSize", &self.block_size, &mut r.block_size_bytes)?;
+        q("rocksdb.memtableBudget", &self.memtable_budget, &mut r.memtable_budget_bytes)?;
         if let Some(n) = self.max_write_buffer_number {
             r.max_write_buffer_number = n;
         }
@@ -335,6 +356,9 @@ impl RocksDbTuning {
         }
         if r.write_buffer_bytes < (1 << 20) {
             return Err(ConfigError::field("rocksdb.writeBufferSize", "must be at least 1Mi"));
+        }
+        if r.memtable_budget_bytes < r.write_buffer_bytes {
+            return Err(ConfigError::field("rocksdb.memtableBudget", "must be at least rocksdb.writeBufferSize"));
         }
         Ok(r)
     }
@@ -582,7 +606,7 @@ mod tests {
         let r = tuning.resolve().unwrap();
         assert_eq!(r.block_cache_bytes, 8 << 20);
         assert_eq!(r.write_buffer_bytes, 4 << 20, "from the LowMemory profile");
-        assert_eq!(r.memory_budget_bytes(4), (8 << 20) + 4 * (4 << 20) * 2);
+        assert_eq!(r.rocksdb_memory_bytes(), (8 << 20) + (32 << 20));
     }
 
     #[test]

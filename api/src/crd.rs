@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, LocalObjectReference, ResourceRequirements, Toleration, TopologySpreadConstraint};
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -15,6 +17,9 @@ use crate::config::{RocksDbTuning, Topology};
 
 /// A stateful, exactly-once Kafka dedup processor: one pod per replica, each with its own
 /// persistent RocksDB state.
+// The printer columns repeat `type_ = "string"` and `priority = 1`, which clippy takes for
+// duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "streamapp.dev",
@@ -27,16 +32,59 @@ use crate::config::{RocksDbTuning, Topology};
     status = "StreamAppStatus",
     derive = "PartialEq",
     doc = "A StreamApp runs an exactly-once Kafka deduplication processor with persistent, crash-safe RocksDB state.",
-    scale(spec_replicas_path = ".spec.replicas", status_replicas_path = ".status.replicas", label_selector_path = ".status.selector"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready", description = "Ready pods / desired pods"),
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.ready",
+        description = "Ready pods / desired pods"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "State", type_ = "string", json_path = ".status.stateHealth", description = "Health of the pods' state stores"),
-    printcolumn(name = "Lag", type_ = "integer", json_path = ".status.worstRestoreLag", description = "Largest changelog lag any store would replay after a crash"),
-    printcolumn(name = "Checkpoint", type_ = "string", json_path = ".status.worstCheckpointAge", description = "Oldest durable store commit across pods"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    printcolumn(name = "Image", type_ = "string", json_path = ".spec.image", priority = 1),
-    printcolumn(name = "Input", type_ = "string", json_path = ".spec.topology.inputTopic", priority = 1),
-    printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason", priority = 1),
+    printcolumn(
+        name = "State",
+        type_ = "string",
+        json_path = ".status.stateHealth",
+        description = "Health of the pods' state stores"
+    ),
+    printcolumn(
+        name = "Lag",
+        type_ = "integer",
+        json_path = ".status.worstRestoreLag",
+        description = "Largest changelog lag any store would replay after a crash"
+    ),
+    printcolumn(
+        name = "Checkpoint",
+        type_ = "string",
+        json_path = ".status.worstCheckpointAge",
+        description = "Oldest durable store commit across pods"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Image",
+        type_ = "string",
+        json_path = ".spec.image",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Input",
+        type_ = "string",
+        json_path = ".spec.topology.inputTopic",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+        priority = 1
+    )
 )]
 #[x_kube(
     validation = Rule::new("self.topology.outputTopic != self.topology.inputTopic && self.topology.deadLetterTopic != self.topology.inputTopic && self.topology.deadLetterTopic != self.topology.outputTopic").message("topology.inputTopic, topology.outputTopic and topology.deadLetterTopic must be three different topics"),
@@ -155,6 +203,12 @@ pub struct TlsSecret {
 
 /// Volumes for state.
 #[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+// Struct-level rules: a field-level transition rule is not evaluated when the field is added
+// or removed, and setting a class that was unset changes the claim templates just the same.
+#[x_kube(
+    validation = Rule::new("has(self.walVolume) == has(oldSelf.walVolume)").message("storage.walVolume cannot be added or removed once the StreamApp exists: the StatefulSet's volume claim templates cannot change"),
+    validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("storage.storageClassName cannot change: existing volumes keep their class"),
+)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
     /// Size of each pod's state volume. It may grow (existing claims are expanded where the
@@ -166,7 +220,6 @@ pub struct StorageSpec {
     /// Storage class of the state volumes (the cluster default when unset). Cannot change
     /// once the volumes exist.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("storage.storageClassName cannot change: existing volumes keep their class"))]
     pub storage_class_name: Option<String>,
     /// A separate volume for RocksDB's write-ahead logs, for example on faster disks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -183,17 +236,25 @@ pub fn default_storage_size() -> String {
 
 impl Default for StorageSpec {
     fn default() -> Self {
-        StorageSpec { size: default_storage_size(), storage_class_name: None, wal_volume: None, retention_policy: None }
+        StorageSpec {
+            size: default_storage_size(),
+            storage_class_name: None,
+            wal_volume: None,
+            retention_policy: None,
+        }
     }
 }
 
 #[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[x_kube(validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("storage.walVolume.storageClassName cannot change: existing volumes keep their class"))]
 #[serde(rename_all = "camelCase")]
 pub struct WalVolumeSpec {
     /// Size of each pod's WAL volume; may grow, not shrink.
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
     #[x_kube(validation = Rule::new("quantity(self).compareTo(quantity(oldSelf)) >= 0").message("storage.walVolume.size may grow but not shrink: volumes cannot be made smaller"))]
     pub size: String,
+    /// Storage class of the WAL volumes (the cluster default when unset). Cannot change once
+    /// the volumes exist.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
 }
@@ -232,7 +293,9 @@ pub fn default_drain_timeout() -> String {
 
 impl Default for ShutdownSpec {
     fn default() -> Self {
-        ShutdownSpec { drain_timeout: default_drain_timeout() }
+        ShutdownSpec {
+            drain_timeout: default_drain_timeout(),
+        }
     }
 }
 
@@ -417,27 +480,39 @@ mod tests {
     #[test]
     fn crd_has_the_names_users_type() {
         let crd = StreamApp::crd();
-        assert_eq!(crd.metadata.name.as_deref(), Some("streamapps.streamapp.dev"));
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("streamapps.streamapp.dev")
+        );
         assert_eq!(crd.spec.names.short_names, Some(vec!["sapp".to_string()]));
         let version = &crd.spec.versions[0];
         assert_eq!(version.name, "v1alpha1");
         let sub = version.subresources.as_ref().unwrap();
         assert!(sub.status.is_some());
-        assert_eq!(sub.scale.as_ref().unwrap().label_selector_path.as_deref(), Some(".status.selector"));
+        assert_eq!(
+            sub.scale.as_ref().unwrap().label_selector_path.as_deref(),
+            Some(".status.selector")
+        );
     }
 
     #[test]
     fn status_pods_is_a_list_map_keyed_by_pod_name() {
         let crd = serde_json::to_value(StreamApp::crd()).unwrap();
-        let pods = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["pods"];
+        let pods = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"]["pods"];
         assert_eq!(pods["x-kubernetes-list-type"], "map");
-        assert_eq!(pods["x-kubernetes-list-map-keys"], serde_json::json!(["name"]));
+        assert_eq!(
+            pods["x-kubernetes-list-map-keys"],
+            serde_json::json!(["name"])
+        );
     }
 
     #[test]
     fn cel_rules_are_in_the_schema() {
         let crd = serde_json::to_string(&StreamApp::crd()).unwrap();
-        assert!(crd.contains("duration(self.topology.retention) > duration(self.topology.commitInterval)"));
+        assert!(crd.contains(
+            "duration(self.topology.retention) > duration(self.topology.commitInterval)"
+        ));
         assert!(crd.contains("storage.size may grow but not shrink"));
     }
 }

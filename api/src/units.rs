@@ -86,7 +86,7 @@ pub fn parse_quantity(s: &str) -> Result<u64, String> {
 /// Writes bytes in the largest binary unit that divides them (`64Mi`, `1Gi`, `1000`).
 pub fn format_quantity(bytes: u64) -> String {
     for (unit, size) in [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)] {
-        if bytes >= size && bytes % size == 0 {
+        if bytes >= size && bytes.is_multiple_of(size) {
             return format!("{}{unit}", bytes / size);
         }
     }

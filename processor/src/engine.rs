@@ -25,7 +25,6 @@ use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
-use rocksdb::Cache;
 use streamapp_api::config::{DedupId, ResolvedRocksDb};
 use streamapp_api::health::{ProcessorPhase, RestoreProgress, StoreOpen, TaskHealth};
 use tracing::{debug, error, info, warn};
@@ -35,7 +34,7 @@ use crate::faults::{Faults, FAULT_HEADER};
 use crate::metrics::Metrics;
 use crate::restore::{Restorer, Step};
 use crate::shared::{now_ms, DrainOutcome, Shared};
-use crate::store::{StoreError, TaskStore};
+use crate::store::{SharedMemory, StoreError, TaskStore};
 use crate::topology::{self, RecordView, Rejection};
 
 /// Timeout of each transactional call; retriable errors are retried until [`TXN_DEADLINE`].
@@ -188,7 +187,7 @@ pub struct Engine {
     suspended: BTreeMap<i32, TaskStore>,
     txn_started: Option<Instant>,
     restorer: Restorer,
-    cache: Cache,
+    memory: SharedMemory,
     shared: Arc<Shared>,
     metrics: Metrics,
     faults: Faults,
@@ -216,6 +215,8 @@ impl Engine {
             .set("transactional.id", cfg.transactional_id())
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
+            // Bounded buffers: the operator's memory budget counts on them.
+            .set("queue.buffering.max.kbytes", "65536")
             .create_with_context(tracker)
             .map_err(|e| fatal("creating the producer", e))?;
         // Aborts whatever a previous incarnation left open and fences it.
@@ -223,8 +224,8 @@ impl Engine {
             TxnError::Fenced(d) => EngineError::Fenced { transactional_id: cfg.transactional_id(), detail: d },
             TxnError::Abortable(d) | TxnError::Fatal(d) => EngineError::Fatal(format!("init_transactions: {d}")),
         })?;
-        let restorer = Restorer::new(&cfg.client, &cfg.changelog_topic)?;
-        let cache = Cache::new_lru_cache(cfg.rocksdb.block_cache_bytes as usize);
+        let restorer = Restorer::new(&cfg.client, &cfg.changelog_topic).map_err(|e| fatal("creating the restore consumer", e))?;
+        let memory = SharedMemory::new(&cfg.rocksdb);
         let engine = Arc::new(Mutex::new(Engine {
             cfg: cfg.clone(),
             producer,
@@ -232,7 +233,7 @@ impl Engine {
             suspended: BTreeMap::new(),
             txn_started: None,
             restorer,
-            cache,
+            memory,
             shared,
             metrics,
             faults,
@@ -250,6 +251,7 @@ impl Engine {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("partition.assignment.strategy", "range")
+            .set("queued.max.messages.kbytes", "16384")
             .create_with_context(GroupContext { engine: engine.clone() })
             .map_err(|e| fatal("creating the consumer", e))?;
         consumer.subscribe(&[&cfg.input_topic]).map_err(|e| fatal("subscribing", e))?;
@@ -298,7 +300,9 @@ impl Engine {
         }
         for (p, task) in std::mem::take(&mut self.tasks) {
             if matches!(task.phase, TaskPhase::Active) && !lost {
-                self.close_cleanly(&task);
+                if let Err(e) = self.close_cleanly(&task) {
+                    warn!(partition = p, error = %e, "could not flush and checkpoint a revoked task");
+                }
             }
             self.suspended.insert(p, task.store);
         }
@@ -338,7 +342,7 @@ impl Engine {
             &state.store_dir(partition),
             state.wal_dir(partition).as_deref(),
             &self.cfg.rocksdb,
-            &self.cache,
+            &self.memory,
             self.cfg.retention,
         )?;
         if verify {
@@ -653,7 +657,8 @@ impl Engine {
     pub fn commit(&mut self, consumer: &GroupConsumer) -> Result<(), EngineError> {
         let Some(started) = self.txn_started else { return Ok(()) };
         let commit_start = Instant::now();
-        if let Some(failure) = self.producer.context().failure.lock().unwrap().clone() {
+        let failure = self.producer.context().failure.lock().unwrap().clone();
+        if let Some(failure) = failure {
             self.abort(consumer, &failure);
             return Ok(());
         }

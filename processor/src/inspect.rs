@@ -24,6 +24,8 @@ pub struct TaskReport {
     pub changelog_offset: Option<i64>,
     pub input_offset: Option<i64>,
     pub stream_time: Option<i64>,
+    /// Ids the store remembers (exact).
+    pub ids: u64,
     pub estimated_keys: u64,
     pub sst_bytes: u64,
     /// Entries of the `.checkpoint` file, if there is one.
@@ -55,13 +57,14 @@ pub fn inspect(root: &Path, wal_root: Option<&Path>) -> Report {
                 .map(|es| es.into_iter().map(|CheckpointEntry { topic, partition, offset }| (topic, partition, offset)).collect());
             let wal = wal_files(&state.wal_files_dir(p));
             match crate::store::open_read_only(&state.store_dir(p), state.wal_dir(p).as_deref()) {
-                Ok((meta, keys, bytes)) => TaskReport {
+                Ok(s) => TaskReport {
                     partition: p,
-                    changelog_offset: meta.changelog_offset,
-                    input_offset: meta.input_offset,
-                    stream_time: meta.stream_time,
-                    estimated_keys: keys,
-                    sst_bytes: bytes,
+                    changelog_offset: s.meta.changelog_offset,
+                    input_offset: s.meta.input_offset,
+                    stream_time: s.meta.stream_time,
+                    ids: s.ids,
+                    estimated_keys: s.estimated_keys,
+                    sst_bytes: s.sst_bytes,
                     checkpoint,
                     wal,
                     error: None,
@@ -71,6 +74,7 @@ pub fn inspect(root: &Path, wal_root: Option<&Path>) -> Report {
                     changelog_offset: None,
                     input_offset: None,
                     stream_time: None,
+                    ids: 0,
                     estimated_keys: 0,
                     sst_bytes: 0,
                     checkpoint,
@@ -98,7 +102,7 @@ pub fn render(r: &Report) -> String {
             h.previous_shutdown_clean.map_or("unknown".into(), |c| c.to_string())
         );
     }
-    out += "tasks:\n  partition  changelog-offset  input-offset  keys      sst-bytes  wal-files  wal-bytes  checkpoint\n";
+    out += "tasks:\n  partition  changelog-offset  input-offset  ids       sst-bytes  wal-files  wal-bytes  checkpoint\n";
     for t in &r.tasks {
         let opt = |o: Option<i64>| o.map_or("-".into(), |v| v.to_string());
         let cp = match &t.checkpoint {
@@ -110,7 +114,7 @@ pub fn render(r: &Report) -> String {
             t.partition,
             opt(t.changelog_offset),
             opt(t.input_offset),
-            t.estimated_keys,
+            t.ids,
             t.sst_bytes,
             t.wal.files,
             t.wal.bytes,

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use streamapp_api::config::ProcessorConfig;
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase};

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use rocksdb::{
     BlockBasedOptions, Cache, DBCompactionStyle, DBCompressionType, DBRecoveryMode, IteratorMode, Options, ReadOptions,
-    WriteBatch, WriteOptions, DB,
+    WriteBatch, WriteBufferManager, WriteOptions, DB,
 };
 use streamapp_api::config::{CompactionStyle, Compression, ResolvedRocksDb, WalRecoveryMode};
 
@@ -83,8 +83,10 @@ pub struct Staged {
 }
 
 impl Staged {
+    /// Stages a put; an id put twice keeps its latest time (as [`TaskStore::apply`] does).
     pub fn put(&mut self, id: &[u8], time: i64) {
-        self.puts.insert(id.to_vec(), time);
+        let e = self.puts.entry(id.to_vec()).or_insert(time);
+        *e = (*e).max(time);
         self.observe_time(time);
     }
 
@@ -101,10 +103,28 @@ impl Staged {
     }
 }
 
-/// RocksDB options from the resolved tuning, sharing `cache` with every other store.
-pub fn rocksdb_options(tuning: &ResolvedRocksDb, cache: &Cache, wal_dir: Option<&Path>) -> Options {
+/// The memory all stores of a process share: one block cache and one memtable budget, so the
+/// process's RocksDB memory does not grow with the number of tasks.
+#[derive(Clone)]
+pub struct SharedMemory {
+    cache: Cache,
+    write_buffers: WriteBufferManager,
+}
+
+impl SharedMemory {
+    pub fn new(tuning: &ResolvedRocksDb) -> Self {
+        SharedMemory {
+            cache: Cache::new_lru_cache(tuning.block_cache_bytes as usize),
+            // Writers stall rather than exceed the budget.
+            write_buffers: WriteBufferManager::new_write_buffer_manager(tuning.memtable_budget_bytes as usize, true),
+        }
+    }
+}
+
+/// RocksDB options from the resolved tuning, sharing memory with every other store.
+pub fn rocksdb_options(tuning: &ResolvedRocksDb, memory: &SharedMemory, wal_dir: Option<&Path>) -> Options {
     let mut table = BlockBasedOptions::default();
-    table.set_block_cache(cache);
+    table.set_block_cache(&memory.cache);
     table.set_block_size(tuning.block_size_bytes as usize);
     if tuning.bloom_filter_bits_per_key > 0 {
         table.set_bloom_filter(tuning.bloom_filter_bits_per_key as f64, false);
@@ -114,6 +134,7 @@ pub fn rocksdb_options(tuning: &ResolvedRocksDb, cache: &Cache, wal_dir: Option<
 
     let mut opts = Options::default();
     opts.create_if_missing(true);
+    opts.set_write_buffer_manager(&memory.write_buffers);
     opts.set_block_based_table_factory(&table);
     opts.set_write_buffer_size(tuning.write_buffer_bytes as usize);
     opts.set_max_write_buffer_number(tuning.max_write_buffer_number);
@@ -165,7 +186,7 @@ impl TaskStore {
         path: &Path,
         wal_dir: Option<&Path>,
         tuning: &ResolvedRocksDb,
-        cache: &Cache,
+        memory: &SharedMemory,
         retention: Duration,
     ) -> Result<Self> {
         std::fs::create_dir_all(path).map_err(|e| StoreError::Damaged {
@@ -178,7 +199,7 @@ impl TaskStore {
                 reason: format!("cannot create WAL directory {}: {e}", w.display()),
             })?;
         }
-        let opts = rocksdb_options(tuning, cache, wal_dir);
+        let opts = rocksdb_options(tuning, memory, wal_dir);
         let db = DB::open(&opts, path).map_err(|e| StoreError::from_rocksdb(path, e))?;
         let mut store = TaskStore {
             db,
@@ -222,23 +243,33 @@ impl TaskStore {
     }
 
     /// Applies committed writes, their offsets and the expiry they allow, atomically.
+    ///
+    /// The result does not depend on how writes are grouped into batches (a transaction while
+    /// processing, a chunk while restoring): each id keeps the latest time it was put with,
+    /// and every entry older than the retention before the newest stream time is gone.
     pub fn apply(&mut self, staged: &Staged) -> Result<()> {
         let mut batch = WriteBatch::default();
         let mut meta = self.meta.clone();
         if let Some(t) = staged.stream_time {
             meta.stream_time = Some(meta.stream_time.map_or(t, |s| s.max(t)));
         }
+        let cutoff = meta.stream_time.map(|t| t.saturating_sub(self.retention_ms));
         // Expiry first: a put of this batch for an expiring id must win over its delete.
-        if let Some(stream_time) = meta.stream_time {
-            let cutoff = stream_time.saturating_sub(self.retention_ms);
+        if let Some(cutoff) = cutoff {
             if meta.expired_through.is_none_or(|e| e < cutoff) {
                 self.expire_into(&mut batch, meta.expired_through, cutoff)?;
                 meta.expired_through = Some(cutoff);
             }
         }
-        for (id, time) in &staged.puts {
+        for (id, &time) in &staged.puts {
+            if cutoff.is_some_and(|c| time < c) {
+                continue; // already outside the window: expired on arrival
+            }
+            if self.first_seen(id)?.is_some_and(|existing| existing > time) {
+                continue; // a later put of the same id wins, whatever the order
+            }
             batch.put(id_key(id), time.to_be_bytes());
-            batch.put(time_key(*time, id), []);
+            batch.put(time_key(time, id), []);
         }
         if let Some(o) = staged.changelog_offset {
             meta.changelog_offset = Some(o);
@@ -312,15 +343,7 @@ impl TaskStore {
 
     /// Ids the store remembers (exact count; scans the id range).
     pub fn id_count(&self) -> Result<u64> {
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(b"i0".to_vec()); // '0' sorts right after '/'
-        ro.fill_cache(false);
-        let mut n = 0;
-        for item in self.db.iterator_opt(IteratorMode::From(ID_PREFIX, rocksdb::Direction::Forward), ro) {
-            item.map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
-            n += 1;
-        }
-        Ok(n)
+        count_ids(&self.db, &self.path)
     }
 
     /// RocksDB's estimate of the number of keys (cheap).
@@ -356,6 +379,18 @@ impl TaskStore {
     }
 }
 
+fn count_ids(db: &DB, path: &Path) -> Result<u64> {
+    let mut ro = ReadOptions::default();
+    ro.set_iterate_upper_bound(b"i0".to_vec()); // '0' sorts right after '/'
+    ro.fill_cache(false);
+    let mut n = 0;
+    for item in db.iterator_opt(IteratorMode::From(ID_PREFIX, rocksdb::Direction::Forward), ro) {
+        item.map_err(|e| StoreError::from_rocksdb(path, e))?;
+        n += 1;
+    }
+    Ok(n)
+}
+
 fn id_key(id: &[u8]) -> Vec<u8> {
     [ID_PREFIX, id].concat()
 }
@@ -373,8 +408,18 @@ fn parse_time_key(key: &[u8]) -> Option<(i64, &[u8])> {
     Some(((sortable ^ (1 << 63)) as i64, id))
 }
 
+/// What `inspect` reports of a store.
+#[derive(Clone, Debug)]
+pub struct StoreSummary {
+    pub meta: StoreMeta,
+    /// Ids the store remembers (exact: the id range is scanned).
+    pub ids: u64,
+    pub estimated_keys: u64,
+    pub sst_bytes: u64,
+}
+
 /// Opens a store read-only (for `inspect`, beside a running processor).
-pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<(StoreMeta, u64, u64)> {
+pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<StoreSummary> {
     let mut opts = Options::default();
     if let Some(w) = wal_dir {
         opts.set_wal_dir(w);
@@ -389,9 +434,12 @@ pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<(StoreMeta,
         stream_time: get(META_STREAM_TIME),
         expired_through: get(META_EXPIRED_THROUGH),
     };
-    let keys = db.property_int_value("rocksdb.estimate-num-keys").ok().flatten().unwrap_or(0);
-    let bytes = db.property_int_value("rocksdb.live-sst-files-size").ok().flatten().unwrap_or(0);
-    Ok((meta, keys, bytes))
+    Ok(StoreSummary {
+        meta,
+        ids: count_ids(&db, path)?,
+        estimated_keys: db.property_int_value("rocksdb.estimate-num-keys").ok().flatten().unwrap_or(0),
+        sst_bytes: db.property_int_value("rocksdb.live-sst-files-size").ok().flatten().unwrap_or(0),
+    })
 }
 
 #[cfg(test)]
@@ -403,7 +451,7 @@ mod tests {
 
     fn open(dir: &Path) -> TaskStore {
         let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
-        TaskStore::open(dir, None, &tuning, &Cache::new_lru_cache(1 << 20), HOUR).unwrap()
+        TaskStore::open(dir, None, &tuning, &SharedMemory::new(&tuning), HOUR).unwrap()
     }
 
     #[test]
@@ -467,6 +515,31 @@ mod tests {
         staged.put(b"x", 2 * hour); // seen again after its window: a new first-seen time
         store.apply(&staged).unwrap();
         assert_eq!(store.first_seen(b"x").unwrap(), Some(2 * hour));
+    }
+
+    #[test]
+    fn the_store_does_not_depend_on_how_writes_were_batched() {
+        let hour = HOUR.as_millis() as i64;
+        // id, time: late records, repeats with older times, a jump in stream time.
+        let writes: Vec<(String, i64)> = (0..300)
+            .map(|i| (format!("id-{}", i % 97), (i * 7919 % 300) as i64 * hour / 50))
+            .collect();
+        let mut results = Vec::new();
+        for chunk in [1, 7, 300] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = open(dir.path());
+            for part in writes.chunks(chunk) {
+                let mut staged = Staged::default();
+                for (id, t) in part {
+                    staged.put(id.as_bytes(), *t);
+                }
+                store.apply(&staged).unwrap();
+            }
+            let state: Vec<_> = (0..97).map(|i| store.first_seen(format!("id-{i}").as_bytes()).unwrap()).collect();
+            results.push((state, store.id_count().unwrap()));
+        }
+        assert_eq!(results[0], results[1]);
+        assert_eq!(results[1], results[2]);
     }
 
     #[test]

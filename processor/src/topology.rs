@@ -115,9 +115,9 @@ mod tests {
         assert_eq!(extract_id(&view(None, Some(br#"{"other":1}"#), NO_HEADERS), &pointer, 100), Err(Rejection::MissingId));
         assert_eq!(extract_id(&view(None, None, NO_HEADERS), &DedupId::default(), 100), Err(Rejection::MissingId));
         assert_eq!(extract_id(&view(Some(b""), None, NO_HEADERS), &DedupId::default(), 100), Err(Rejection::MissingId));
-        let big = vec![b'x'; 101];
+        let big: &'static [u8] = &[b'x'; 101];
         assert_eq!(
-            extract_id(&view(Some(b"k"), Some(&big), NO_HEADERS), &DedupId::default(), 100),
+            extract_id(&view(Some(b"k"), Some(big), NO_HEADERS), &DedupId::default(), 100),
             Err(Rejection::ValueTooLarge { size: 101, max: 100 })
         );
     }

@@ -23,7 +23,10 @@ pub fn kubeconfig_path() -> PathBuf {
 pub async fn client() -> Client {
     let path = kubeconfig_path();
     let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| {
-        panic!("no kubeconfig for the local kube-apiserver at {} ({e}): {HOW_TO_START}", path.display())
+        panic!(
+            "no kubeconfig for the local kube-apiserver at {} ({e}): {HOW_TO_START}",
+            path.display()
+        )
     });
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
@@ -32,7 +35,9 @@ pub async fn client() -> Client {
     let client = Client::try_from(config).expect("creating a Kubernetes client");
     if let Err(e) = tokio::time::timeout(Duration::from_secs(10), client.apiserver_version())
         .await
-        .unwrap_or_else(|_| panic!("the kube-apiserver at {url} did not answer in 10 s: {HOW_TO_START}"))
+        .unwrap_or_else(|_| {
+            panic!("the kube-apiserver at {url} did not answer in 10 s: {HOW_TO_START}")
+        })
     {
         panic!("the kube-apiserver at {url} is not reachable ({e}): {HOW_TO_START}");
     }
@@ -60,12 +65,18 @@ impl TestNamespace {
             .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
         // The controller-manager creates the default ServiceAccount shortly after; pods are
         // refused until it exists.
-        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &name);
-        crate::kube::wait_for(Duration::from_secs(30), "the default ServiceAccount", || async {
-            sas.get_opt("default").await.ok().flatten().is_some()
-        })
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), &name);
+        crate::kube::wait_for(
+            Duration::from_secs(30),
+            "the default ServiceAccount",
+            || async { sas.get_opt("default").await.ok().flatten().is_some() },
+        )
         .await;
-        TestNamespace { name, client: client.clone() }
+        TestNamespace {
+            name,
+            client: client.clone(),
+        }
     }
 
     /// Deletes the namespace (and so everything in it).
@@ -93,4 +104,99 @@ where
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Plays the kubelet's readiness prober for a pod on the kwok node: sets the pod's `Ready` and
+/// `ContainersReady` conditions and every container's `ready` to `ready`.
+///
+/// kwok (dev/kube/kwok-stages.yaml) starts StreamApp pods Running but not Ready, because only
+/// the processor's /readyz (stores restored) could say they are; tests decide instead.
+pub async fn set_pod_ready(client: &Client, namespace: &str, pod: &str, ready: bool) {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams};
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let current = pods
+        .get_status(pod)
+        .await
+        .unwrap_or_else(|e| panic!("reading pod {namespace}/{pod}: {e}"));
+    let status = current.status.unwrap_or_default();
+    let flag = if ready { "True" } else { "False" };
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let mut conditions = status.conditions.unwrap_or_default();
+    for type_ in ["Ready", "ContainersReady"] {
+        match conditions.iter_mut().find(|c| c.type_ == type_) {
+            Some(c) if c.status == flag => {}
+            Some(c) => {
+                c.status = flag.into();
+                c.last_transition_time = Some(now.clone());
+                c.reason = (!ready).then(|| "ContainersNotReady".into());
+                c.message = None;
+            }
+            None => conditions.push(k8s_openapi::api::core::v1::PodCondition {
+                type_: type_.into(),
+                status: flag.into(),
+                last_transition_time: Some(now.clone()),
+                ..Default::default()
+            }),
+        }
+    }
+    let mut containers = status.container_statuses.unwrap_or_default();
+    for c in &mut containers {
+        c.ready = ready;
+    }
+    // Container statuses are an atomic list: the whole list is sent back.
+    let patch = serde_json::json!({ "status": { "conditions": conditions, "containerStatuses": containers } });
+    pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("marking pod {namespace}/{pod} ready={ready}: {e}"));
+}
+
+/// Runs the real `kubectl` against the local control plane (admin kubeconfig), with `stdin`
+/// as its input. kubectl is taken from the dev scripts' cache (`$STREAMAPP_CACHE/kube-*/bin`),
+/// else from PATH.
+pub fn kubectl(args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    let cache = crate::run_dir()
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let from_cache = std::fs::read_dir(&cache)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/kubectl"))
+        .find(|p| {
+            p.parent()
+                .and_then(|b| b.parent())
+                .and_then(|d| d.file_name())
+                .is_some_and(|n| n.to_string_lossy().starts_with("kube-"))
+                && p.exists()
+        });
+    let program = from_cache.unwrap_or_else(|| PathBuf::from("kubectl"));
+    let mut child = Command::new(&program)
+        .arg("--kubeconfig")
+        .arg(kubeconfig_path())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "running {} ({e}): install it with `make setup`",
+                program.display()
+            )
+        });
+    let mut input = child.stdin.take().expect("piped stdin");
+    if let Some(stdin) = stdin {
+        input
+            .write_all(stdin.as_bytes())
+            .expect("writing kubectl's input");
+    }
+    drop(input);
+    child.wait_with_output().expect("waiting for kubectl")
 }
