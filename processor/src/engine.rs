@@ -722,7 +722,13 @@ impl Engine {
         }
         warn!(reason = why, "aborting the transaction");
         self.metrics.transactions_aborted.inc();
-        if let Err(e) = retry_txn(&self.cfg, || self.producer.abort_transaction(TXN_CALL_TIMEOUT)) {
+        // librdkafka waits for the delivery reports of the aborted records, and a BaseProducer
+        // only serves them when polled: flush serves them (the records are aborted anyway).
+        let _ = self.producer.flush(TXN_CALL_TIMEOUT);
+        if let Err(e) = retry_txn(&self.cfg, || {
+            self.producer.poll(Duration::ZERO);
+            self.producer.abort_transaction(TXN_CALL_TIMEOUT)
+        }) {
             self.pending_error = Some(match e {
                 TxnError::Fenced(d) => EngineError::Fenced { transactional_id: self.cfg.transactional_id(), detail: d },
                 TxnError::Abortable(d) | TxnError::Fatal(d) => EngineError::Fatal(format!("abort: {d}")),

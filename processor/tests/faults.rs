@@ -234,7 +234,8 @@ fn damage_store(store: &Path, damage: Damage) {
 fn flip_bytes(path: &Path) {
     let mut bytes = std::fs::read(path).unwrap();
     let mid = bytes.len() / 3;
-    for b in &mut bytes[mid..(mid + 64).min(bytes.len())] {
+    let end = (mid + 64).min(bytes.len());
+    for b in &mut bytes[mid..end] {
         *b ^= 0xA5;
     }
     std::fs::write(path, bytes).unwrap();

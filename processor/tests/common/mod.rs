@@ -61,21 +61,13 @@ impl Default for AppOptions {
 impl App {
     pub async fn create(prefix: &str, opts: AppOptions) -> App {
         let id = testbed::unique_name(prefix);
-        let app = App {
-            input: format!("{id}-in"),
-            output: format!("{id}-out"),
-            duplicates: format!("{id}-dups"),
-            dead_letters: format!("{id}-dlq"),
-            partitions: opts.partitions,
-            dir: tempfile::tempdir().unwrap(),
-            config: PathBuf::new(),
-            id,
-        };
-        for topic in [&app.input, &app.output, &app.duplicates, &app.dead_letters] {
+        let (input, output) = (format!("{id}-in"), format!("{id}-out"));
+        let (duplicates, dead_letters) = (format!("{id}-dups"), format!("{id}-dlq"));
+        for topic in [&input, &output, &duplicates, &dead_letters] {
             kafka::create_topic(topic, opts.partitions).await;
         }
         let config = serde_json::json!({
-            "applicationId": app.id,
+            "applicationId": id,
             "kafka": {
                 "bootstrapServers": kafka::bootstrap(),
                 // Fast failure detection: tests kill processes on purpose.
@@ -86,10 +78,10 @@ impl App {
                 },
             },
             "topology": {
-                "inputTopic": app.input,
-                "outputTopic": app.output,
-                "duplicatesTopic": app.duplicates,
-                "deadLetterTopic": app.dead_letters,
+                "inputTopic": input,
+                "outputTopic": output,
+                "duplicatesTopic": duplicates,
+                "deadLetterTopic": dead_letters,
                 "dedupId": opts.dedup_id,
                 "retention": opts.retention,
                 "commitInterval": opts.commit_interval,
@@ -98,9 +90,10 @@ impl App {
             "rocksdb": opts.rocksdb,
             "drainTimeout": "30s",
         });
-        let path = app.dir.path().join("processor.yaml");
-        std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
-        App { config: path, ..app }
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = dir.path().join("processor.yaml");
+        std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
+        App { id, input, output, duplicates, dead_letters, partitions: opts.partitions, dir, config: config_path }
     }
 
     pub fn changelog(&self) -> String {
@@ -209,6 +202,16 @@ impl App {
                 self.dir.path().display()
             );
             std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+}
+
+impl Drop for App {
+    /// A failing test keeps its directory (configuration, state dirs, processor logs).
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+            eprintln!("kept the test's files in {}", dir.keep().display());
         }
     }
 }

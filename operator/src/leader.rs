@@ -1,0 +1,273 @@
+//! Leader election with a `coordination.k8s.io/v1` Lease, so that of several operator replicas
+//! only one reconciles.
+//!
+//! The same algorithm as client-go's leader election: a candidate takes the lease when it does
+//! not exist, when its holder released it, or when its record has not changed for a whole lease
+//! duration as measured on the candidate's own clock (so clock skew between nodes does not
+//! matter). Writes use the lease's resourceVersion, so two candidates never both win. The
+//! leader renews periodically and steps down when it cannot renew within the deadline.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::error::{Error, Result};
+
+/// Name of the Lease the operator replicas compete for.
+pub const LEASE_NAME: &str = "streamapp-operator";
+
+/// Timing of the election.
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    pub namespace: String,
+    pub name: String,
+    /// This candidate's identity, unique among the candidates.
+    pub identity: String,
+    /// How long a lease that is not renewed keeps others out.
+    pub lease_duration: Duration,
+    /// How often the leader renews.
+    pub renew_interval: Duration,
+    /// The leader steps down when it has not renewed for this long.
+    pub renew_deadline: Duration,
+    /// How often a follower tries to acquire.
+    pub retry_interval: Duration,
+}
+
+impl LeaseSettings {
+    /// Client-go's defaults: 15 s lease, renew every 2 s with a 10 s deadline, retry every 2 s.
+    pub fn new(namespace: String, identity: String) -> Self {
+        LeaseSettings {
+            namespace,
+            name: LEASE_NAME.to_string(),
+            identity,
+            lease_duration: Duration::from_secs(15),
+            renew_interval: Duration::from_secs(2),
+            renew_deadline: Duration::from_secs(10),
+            retry_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The fields of a lease that change when its holder renews or changes.
+#[derive(Clone, Debug, PartialEq)]
+struct Record {
+    holder: Option<String>,
+    renew_time: Option<MicroTime>,
+    lease_duration_seconds: Option<i32>,
+    transitions: Option<i32>,
+}
+
+impl Record {
+    fn of(lease: &Lease) -> Record {
+        let spec = lease.spec.clone().unwrap_or_default();
+        Record {
+            holder: spec.holder_identity,
+            renew_time: spec.renew_time,
+            lease_duration_seconds: spec.lease_duration_seconds,
+            transitions: spec.lease_transitions,
+        }
+    }
+}
+
+/// One candidate in the election.
+pub struct Elector {
+    api: Api<Lease>,
+    settings: LeaseSettings,
+    /// The lease record last seen and when (on this clock) it was first seen.
+    observed: Option<(Record, Instant)>,
+}
+
+impl Elector {
+    pub fn new(client: Client, settings: LeaseSettings) -> Self {
+        Elector {
+            api: Api::namespaced(client, &settings.namespace),
+            settings,
+            observed: None,
+        }
+    }
+
+    pub fn lease(&self) -> String {
+        format!("{}/{}", self.settings.namespace, self.settings.name)
+    }
+
+    /// Waits until this candidate holds the lease.
+    pub async fn acquire(&mut self) {
+        info!(lease = %self.lease(), identity = %self.settings.identity, "waiting to become leader");
+        loop {
+            match self.try_acquire_or_renew().await {
+                Ok(true) => {
+                    info!(lease = %self.lease(), identity = %self.settings.identity, "became leader");
+                    return;
+                }
+                Ok(false) => debug!(lease = %self.lease(), "lease held by another instance"),
+                Err(e) => warn!(lease = %self.lease(), error = %e, "could not acquire the lease"),
+            }
+            tokio::time::sleep(self.settings.retry_interval).await;
+        }
+    }
+
+    /// Renews the lease until that fails; returns why leadership was lost. The caller must stop
+    /// leading at once.
+    pub async fn hold(&mut self) -> Error {
+        let mut renewed = Instant::now();
+        loop {
+            tokio::time::sleep(self.settings.renew_interval).await;
+            match self.try_acquire_or_renew().await {
+                Ok(true) => renewed = Instant::now(),
+                Ok(false) => {
+                    return Error::LeadershipLost {
+                        lease: self.lease(),
+                        why: "another instance holds it".into(),
+                    };
+                }
+                Err(e) if renewed.elapsed() >= self.settings.renew_deadline => {
+                    return Error::LeadershipLost {
+                        lease: self.lease(),
+                        why: format!("not renewed for {:?}: {e}", renewed.elapsed()),
+                    };
+                }
+                Err(e) => {
+                    warn!(lease = %self.lease(), error = %e, "renewing the lease failed; retrying")
+                }
+            }
+        }
+    }
+
+    /// Gives the lease up so another candidate takes over at once (on a clean shutdown).
+    pub async fn release(&mut self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.settings.name).await else {
+            return;
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.settings.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match self
+            .api
+            .replace(&self.settings.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => info!(lease = %self.lease(), "released the lease"),
+            Err(e) => {
+                warn!(lease = %self.lease(), error = %e, "could not release the lease; it expires by itself")
+            }
+        }
+    }
+
+    /// One round: Ok(true) when this candidate holds the lease afterwards.
+    async fn try_acquire_or_renew(&mut self) -> Result<bool> {
+        let now = MicroTime(Timestamp::now());
+        let me = self.settings.identity.clone();
+        let duration_secs =
+            i32::try_from(self.settings.lease_duration.as_secs()).unwrap_or(i32::MAX);
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.settings.name)
+            .await
+            .map_err(Error::kube(format!("reading lease {}", self.lease())))?
+        else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.settings.name.clone()),
+                    namespace: Some(self.settings.namespace.clone()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(me),
+                    lease_duration_seconds: Some(duration_secs),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(created) => {
+                    self.observed = Some((Record::of(&created), Instant::now()));
+                    Ok(true)
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Err(e) => Err(Error::kube(format!("creating lease {}", self.lease()))(e)),
+            };
+        };
+
+        let record = Record::of(&lease);
+        if self
+            .observed
+            .as_ref()
+            .is_none_or(|(seen, _)| *seen != record)
+        {
+            self.observed = Some((record.clone(), Instant::now()));
+        }
+        let held_by_me = record.holder.as_deref() == Some(me.as_str());
+        let held_by_other = record
+            .holder
+            .as_deref()
+            .is_some_and(|h| !h.is_empty() && h != me);
+        if held_by_other {
+            let duration = Duration::from_secs(
+                record
+                    .lease_duration_seconds
+                    .unwrap_or(duration_secs)
+                    .max(0) as u64,
+            );
+            let unchanged_for = self
+                .observed
+                .as_ref()
+                .map_or(Duration::ZERO, |(_, since)| since.elapsed());
+            if unchanged_for < duration {
+                return Ok(false);
+            }
+            info!(lease = %self.lease(), previous = ?record.holder, "lease expired; taking it over");
+        }
+
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if !held_by_me {
+            spec.acquire_time = Some(now.clone());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        }
+        spec.holder_identity = Some(me);
+        spec.lease_duration_seconds = Some(duration_secs);
+        spec.renew_time = Some(now);
+        // `lease` carries the resourceVersion read above: if anyone wrote in between, this fails
+        // with a conflict instead of overwriting them.
+        match self
+            .api
+            .replace(&self.settings.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(updated) => {
+                self.observed = Some((Record::of(&updated), Instant::now()));
+                Ok(true)
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(Error::kube(format!("updating lease {}", self.lease()))(e)),
+        }
+    }
+}
+
+/// A candidate identity: the pod name (or host name) plus a random suffix, so two processes on
+/// one host, or a restarted pod, never pass for each other.
+pub fn identity() -> String {
+    let base = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or_else(|| "streamapp-operator".to_string());
+    format!("{base}-{:06x}", rand::random::<u32>() & 0xff_ffff)
+}

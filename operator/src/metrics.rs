@@ -1,0 +1,173 @@
+//! Prometheus metrics (prefix `streamapp_operator`) and the HTTP server for `/metrics` and
+//! `/healthz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use crate::error::{Error, Result};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub error: String,
+}
+
+/// The operator's metrics. Cheap to clone counters; share it behind an `Arc`.
+pub struct Metrics {
+    registry: Registry,
+    /// Reconciliations run (successful or not).
+    pub reconciliations: Counter,
+    /// Failed reconciliations by [`Error::metric_label`].
+    pub failures: Family<ErrorLabels, Counter>,
+    /// How long a reconciliation takes.
+    pub duration: Histogram,
+    /// 1 while this instance holds the leader lease (or runs without election).
+    pub leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("streamapp_operator");
+        let reconciliations = Counter::default();
+        let failures = Family::<ErrorLabels, Counter>::default();
+        let duration = Histogram::new(exponential_buckets(0.005, 2.0, 12));
+        let leader = Gauge::default();
+        registry.register(
+            "reconciliations",
+            "StreamApp reconciliations run",
+            reconciliations.clone(),
+        );
+        registry.register(
+            "reconcile_failures",
+            "StreamApp reconciliations that failed, by error",
+            failures.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time a StreamApp reconciliation takes",
+            duration.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this instance is the leader and runs the controller",
+            leader.clone(),
+        );
+        Metrics {
+            registry,
+            reconciliations,
+            failures,
+            duration,
+            leader,
+        }
+    }
+}
+
+impl Metrics {
+    /// Starts timing a reconciliation; the returned guard records the duration when dropped.
+    pub fn reconcile_started(&self) -> ReconcileTimer<'_> {
+        self.reconciliations.inc();
+        ReconcileTimer {
+            metrics: self,
+            started: Instant::now(),
+        }
+    }
+
+    pub fn reconcile_failed(&self, error: &Error) {
+        self.failures
+            .get_or_create(&ErrorLabels {
+                error: error.metric_label().to_string(),
+            })
+            .inc();
+    }
+
+    /// The metrics in Prometheus' text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Records a reconciliation's duration when dropped.
+pub struct ReconcileTimer<'a> {
+    metrics: &'a Metrics,
+    started: Instant,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .duration
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// Binds the metrics port (0: any free port) and returns the address and the server future.
+pub async fn serve(
+    port: u16,
+    metrics: Arc<Metrics>,
+) -> Result<(
+    SocketAddr,
+    impl std::future::Future<Output = std::io::Result<()>>,
+)> {
+    let listener = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))
+        .await
+        .map_err(|source| Error::MetricsServer { port, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| Error::MetricsServer { port, source })?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(metrics);
+    Ok((addr, async move { axum::serve(listener, app).await }))
+}
+
+async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.render(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_count_reconciliations_failures_and_durations() {
+        let metrics = Metrics::default();
+        drop(metrics.reconcile_started());
+        metrics.reconcile_failed(&Error::CrdMissing);
+        let text = metrics.render();
+        assert!(
+            text.contains("streamapp_operator_reconciliations_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("streamapp_operator_reconcile_failures_total{error=\"crd_missing\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("streamapp_operator_reconcile_duration_seconds_count 1"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,462 @@
+//! The StreamApp's aggregate status, computed from the spec, the StatefulSet, the agents'
+//! per-pod reports and what the reconciler found (a blocked rollout, volumes growing).
+//!
+//! [`compute_status`] is a pure function; the reconciler writes its result with server-side
+//! apply. It never returns `pods`: each agent owns its own entry there.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use streamapp_api::crd::{PodStateStatus, StreamApp, StreamAppStatus};
+use streamapp_api::units::format_duration;
+
+use crate::owned;
+use crate::preflight::Blocker;
+use crate::statefulset::CONFIG_HASH_ANNOTATION;
+use crate::storage::{STORAGE_NOT_EXPANDABLE, StorageFinding};
+
+pub const READY: &str = "Ready";
+pub const PROGRESSING: &str = "Progressing";
+pub const STATE_HEALTHY: &str = "StateHealthy";
+pub const DEGRADED: &str = "Degraded";
+
+pub const PHASE_PENDING: &str = "Pending";
+pub const PHASE_PROGRESSING: &str = "Progressing";
+pub const PHASE_RUNNING: &str = "Running";
+pub const PHASE_DEGRADED: &str = "Degraded";
+pub const PHASE_STOPPED: &str = "Stopped";
+
+/// Progressing reason while volumes grow (the event `StorageResized` follows its end).
+pub const STORAGE_RESIZING: &str = "StorageResizing";
+/// Degraded reason when pods that were ready are not, or never became ready in time.
+pub const PODS_NOT_READY: &str = "PodsNotReady";
+
+/// How long pods may take to become ready (restore their stores) after a change before the
+/// StreamApp counts as Degraded. Restores replay only a changelog tail normally, but a rebuild
+/// replays everything.
+pub const PROGRESS_DEADLINE: Duration = Duration::from_secs(30 * 60);
+
+/// What the reconciler found besides the StatefulSet.
+#[derive(Clone, Debug, Default)]
+pub struct Findings {
+    /// Why the current spec is not rolled out, if it is not.
+    pub blocker: Option<Blocker>,
+    pub storage: StorageFinding,
+    /// Hash of the configuration the spec asks for (used until a StatefulSet exists).
+    pub desired_config_hash: Option<String>,
+}
+
+/// Counts of the StatefulSet that the status is made of.
+struct Workload {
+    pods: i32,
+    ready: i32,
+    updated: i32,
+    /// A new pod template is being rolled out (or the StatefulSet controller has not caught
+    /// up with the last change yet).
+    rolling_out: bool,
+    /// Pods are being added or removed.
+    scaling: bool,
+}
+
+fn workload(sts: &StatefulSet, desired: i32) -> Workload {
+    let status = sts.status.clone().unwrap_or_default();
+    let seen = status.observed_generation.unwrap_or(0) >= sts.metadata.generation.unwrap_or(0);
+    let revisions_differ = matches!(
+        (&status.current_revision, &status.update_revision),
+        (Some(current), Some(update)) if current != update
+    );
+    let updated = status.updated_replicas.unwrap_or(0);
+    Workload {
+        pods: status.replicas,
+        ready: status.ready_replicas.unwrap_or(0),
+        updated,
+        rolling_out: desired > 0 && (!seen || revisions_differ),
+        scaling: status.replicas != desired,
+    }
+}
+
+/// The status the StreamApp should have now. `now` is only used for condition transition
+/// times and the progress deadline, so tests pass a fixed one.
+pub fn compute_status(
+    app: &StreamApp,
+    sts: Option<&StatefulSet>,
+    findings: &Findings,
+    now: Timestamp,
+) -> StreamAppStatus {
+    let previous = app.status.clone().unwrap_or_default();
+    let generation = app.metadata.generation;
+    let desired = app.spec.replicas;
+    let workload = sts.map(|s| workload(s, desired));
+    let (pods, ready) = workload.as_ref().map_or((0, 0), |w| (w.pods, w.ready));
+    let rolling = workload
+        .as_ref()
+        .is_some_and(|w| w.rolling_out || w.scaling);
+
+    let reports = current_reports(app);
+    let state = state_health(&reports, desired);
+
+    let previous_progressing = find(&previous.conditions, PROGRESSING);
+    let progressing_since = previous_progressing
+        .filter(|c| c.status == "True")
+        .map(|c| c.last_transition_time.0)
+        .unwrap_or(now);
+    let overdue = now.duration_since(progressing_since).unsigned_abs() > PROGRESS_DEADLINE;
+    // Pods that were all ready and are not any more, without a change in between: something
+    // broke, it is not a rollout.
+    let was_steady = previous.phase.as_deref() == Some(PHASE_RUNNING)
+        || find(&previous.conditions, DEGRADED)
+            .is_some_and(|c| c.status == "True" && c.reason == PODS_NOT_READY);
+    let pods_lagging = desired > 0 && sts.is_some() && ready < desired && !rolling;
+
+    // Degraded, by priority.
+    let degraded: Option<(String, String)> = if let Some(b) = &findings.blocker {
+        Some((b.reason.to_string(), b.message.clone()))
+    } else if let StorageFinding::NotExpandable(message) = &findings.storage {
+        Some((STORAGE_NOT_EXPANDABLE.to_string(), message.clone()))
+    } else if state.status == "False" && matches!(state.reason, PROCESSOR_FAILED | PROCESSOR_DOWN) {
+        Some((state.reason.to_string(), state.message.clone()))
+    } else if pods_lagging && (was_steady || overdue) {
+        Some((
+            PODS_NOT_READY.to_string(),
+            format!("{ready}/{desired} pods ready"),
+        ))
+    } else {
+        None
+    };
+
+    let phase = if desired == 0 {
+        PHASE_STOPPED
+    } else if degraded.is_some() {
+        PHASE_DEGRADED
+    } else if sts.is_none() {
+        PHASE_PENDING
+    } else if rolling || ready < desired {
+        PHASE_PROGRESSING
+    } else {
+        PHASE_RUNNING
+    };
+
+    let ready_condition = if desired == 0 {
+        ("False", "ScaledToZero", "spec.replicas is 0".to_string())
+    } else if sts.is_none() {
+        let why = findings
+            .blocker
+            .as_ref()
+            .map_or("creating the StatefulSet".to_string(), |b| {
+                b.message.clone()
+            });
+        ("False", "NotCreated", why)
+    } else if ready >= desired {
+        (
+            "True",
+            "AllPodsReady",
+            format!("{ready}/{desired} pods ready"),
+        )
+    } else {
+        (
+            "False",
+            PODS_NOT_READY,
+            format!("{ready}/{desired} pods ready; a pod is ready once its stores are restored"),
+        )
+    };
+
+    let resizing = match &findings.storage {
+        StorageFinding::Resizing(claims) => Some(claims.join(", ")),
+        _ => None,
+    };
+    let progressing_condition = match &workload {
+        _ if desired == 0 && pods > 0 => ("True", "Scaling", format!("stopping: {pods} pods left")),
+        _ if desired == 0 => ("False", "ScaledToZero", "spec.replicas is 0".to_string()),
+        _ if findings.blocker.is_some() => (
+            "False",
+            "RolloutBlocked",
+            format!(
+                "the current spec is not rolled out: {}",
+                findings
+                    .blocker
+                    .as_ref()
+                    .map(|b| b.message.as_str())
+                    .unwrap_or("")
+            ),
+        ),
+        None => ("True", "Creating", "creating the StatefulSet".to_string()),
+        Some(w) if w.rolling_out => (
+            "True",
+            "RollingOut",
+            format!(
+                "{}/{desired} pods run the current pod template",
+                w.updated.min(desired)
+            ),
+        ),
+        Some(w) if w.scaling => (
+            "True",
+            "Scaling",
+            format!("{} pods, {desired} desired", w.pods),
+        ),
+        Some(_) if resizing.is_some() => (
+            "True",
+            STORAGE_RESIZING,
+            format!(
+                "expanding volume claims {}",
+                resizing.clone().unwrap_or_default()
+            ),
+        ),
+        Some(_) if ready < desired && overdue => (
+            "False",
+            "ProgressDeadlineExceeded",
+            format!(
+                "{ready}/{desired} pods ready after {}",
+                format_duration(PROGRESS_DEADLINE)
+            ),
+        ),
+        Some(_) if ready < desired => (
+            "True",
+            "PodsStarting",
+            format!(
+                "waiting for {} pods to restore their stores and become ready",
+                desired - ready
+            ),
+        ),
+        Some(_) => (
+            "False",
+            "RolloutComplete",
+            format!("{desired} pods run the current pod template"),
+        ),
+    };
+
+    let degraded_condition = match &degraded {
+        Some((reason, message)) => ("True", reason.clone(), message.clone()),
+        None => ("False", "AsExpected".to_string(), String::new()),
+    };
+
+    let conditions = vec![
+        condition(
+            &previous,
+            READY,
+            ready_condition.0,
+            ready_condition.1,
+            ready_condition.2,
+            generation,
+            now,
+        ),
+        condition(
+            &previous,
+            PROGRESSING,
+            progressing_condition.0,
+            progressing_condition.1,
+            progressing_condition.2,
+            generation,
+            now,
+        ),
+        condition(
+            &previous,
+            STATE_HEALTHY,
+            state.status,
+            state.reason,
+            state.message,
+            generation,
+            now,
+        ),
+        condition(
+            &previous,
+            DEGRADED,
+            degraded_condition.0,
+            &degraded_condition.1,
+            degraded_condition.2,
+            generation,
+            now,
+        ),
+    ];
+
+    let tasks = || reports.iter().flat_map(|p| p.tasks.iter());
+    let config_hash = sts
+        .and_then(|s| {
+            s.spec
+                .as_ref()?
+                .template
+                .metadata
+                .as_ref()?
+                .annotations
+                .as_ref()?
+                .get(CONFIG_HASH_ANNOTATION)
+                .cloned()
+        })
+        .or_else(|| findings.desired_config_hash.clone());
+
+    StreamAppStatus {
+        observed_generation: generation,
+        phase: Some(phase.to_string()),
+        replicas: Some(pods),
+        ready_replicas: Some(ready),
+        ready: Some(format!("{ready}/{desired}")),
+        selector: Some(owned::selector_string(app)),
+        state_health: Some(
+            match state.status {
+                "True" => "Healthy",
+                "False" => "Degraded",
+                _ => "Unknown",
+            }
+            .to_string(),
+        ),
+        worst_restore_lag: tasks().filter_map(|t| t.restore_lag).max(),
+        worst_checkpoint_age: tasks()
+            .filter_map(|t| t.checkpoint_age_seconds)
+            .max()
+            .map(|s| format_duration(Duration::from_secs(s.max(0) as u64))),
+        config_hash,
+        conditions,
+        pods: Vec::new(),
+    }
+}
+
+/// The agents' reports of pods that should exist: `<name>-<ordinal>` below `spec.replicas`.
+/// Entries of scaled-away pods stay in `status.pods` (their agents own them) but no longer
+/// count.
+fn current_reports(app: &StreamApp) -> Vec<&PodStateStatus> {
+    let prefix = format!("{}-", app.name_any());
+    let Some(status) = &app.status else {
+        return Vec::new();
+    };
+    status
+        .pods
+        .iter()
+        .filter(|p| {
+            p.name
+                .strip_prefix(&prefix)
+                .and_then(|ordinal| ordinal.parse::<i32>().ok())
+                .is_some_and(|ordinal| ordinal < app.spec.replicas)
+        })
+        .collect()
+}
+
+pub const NO_REPORTS: &str = "NoReports";
+pub const PROCESSOR_FAILED: &str = "ProcessorFailed";
+pub const PROCESSOR_DOWN: &str = "ProcessorDown";
+pub const REBUILDING: &str = "Rebuilding";
+pub const STORES_HEALTHY: &str = "StoresHealthy";
+
+struct StateHealth {
+    status: &'static str,
+    reason: &'static str,
+    message: String,
+}
+
+/// The StateHealthy condition from the agents' reports: the worst pod decides.
+fn state_health(reports: &[&PodStateStatus], desired: i32) -> StateHealth {
+    if reports.is_empty() {
+        return StateHealth {
+            status: "Unknown",
+            reason: NO_REPORTS,
+            message: "no agent has reported yet".into(),
+        };
+    }
+    let with_phase = |phase: &str| -> Vec<String> {
+        reports
+            .iter()
+            .filter(|p| p.phase.as_deref() == Some(phase))
+            .map(|p| match &p.message {
+                Some(m) => format!("{}: {m}", p.name),
+                None => p.name.clone(),
+            })
+            .collect()
+    };
+    let failed = with_phase("Failed");
+    if !failed.is_empty() {
+        return StateHealth {
+            status: "False",
+            reason: PROCESSOR_FAILED,
+            message: format!("processor failed on {}", failed.join("; ")),
+        };
+    }
+    let down = with_phase("Down");
+    if !down.is_empty() {
+        return StateHealth {
+            status: "False",
+            reason: PROCESSOR_DOWN,
+            message: format!("no processor running on {}", down.join("; ")),
+        };
+    }
+    let rebuilding: Vec<String> = reports
+        .iter()
+        .flat_map(|p| p.tasks.iter().map(move |t| (p, t)))
+        .filter(|(_, t)| t.opened.as_deref() == Some("Rebuilt") && t.restore.is_some())
+        .map(|(p, t)| {
+            let progress = t
+                .restore
+                .as_ref()
+                .map(|r| format!(" ({} of {} records restored)", r.restored, r.total))
+                .unwrap_or_default();
+            let why = t
+                .last_quarantine_reason
+                .as_deref()
+                .map(|r| format!(" after quarantining its store: {r}"))
+                .unwrap_or_default();
+            format!(
+                "pod {} is rebuilding partition {} from the changelog{why}{progress}",
+                p.name, t.partition
+            )
+        })
+        .collect();
+    if !rebuilding.is_empty() {
+        return StateHealth {
+            status: "False",
+            reason: REBUILDING,
+            message: rebuilding.join("; "),
+        };
+    }
+    StateHealth {
+        status: "True",
+        reason: STORES_HEALTHY,
+        message: format!("{} of {desired} pods report healthy stores", reports.len()),
+    }
+}
+
+fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// A condition; keeps the previous transition time when its status did not change.
+fn condition(
+    previous: &StreamAppStatus,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
+    let last_transition_time = find(&previous.conditions, type_)
+        .filter(|c| c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        // The API server keeps whole seconds; so does the comparison with what it returns.
+        .unwrap_or_else(|| Time(Timestamp::from_second(now.as_second()).expect("a valid time")));
+    Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// Whether `status` differs from what the StreamApp has, ignoring the agents' `pods`: only then
+/// is it written (no write, no watch event, no reconcile storm).
+pub fn needs_update(app: &StreamApp, status: &StreamAppStatus) -> bool {
+    let mut current = app.status.clone().unwrap_or_default();
+    current.pods.clear();
+    let mut new = status.clone();
+    new.pods.clear();
+    current != new
+}
+
+/// A condition of a status, by type.
+pub fn condition_of<'a>(status: &'a StreamAppStatus, type_: &str) -> Option<&'a Condition> {
+    find(&status.conditions, type_)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,418 @@
+//! Unit tests of the status: objects in, status out.
+
+use super::*;
+use crate::preflight::{Blocker, MEMORY_BUDGET_EXCEEDED};
+use crate::testing::app;
+use streamapp_api::crd::{RestoreStatus, TaskStateStatus};
+
+fn now() -> Timestamp {
+    "2026-01-01T12:00:00Z".parse().unwrap()
+}
+
+fn later(secs: i64) -> Timestamp {
+    now() + k8s_openapi::jiff::SignedDuration::from_secs(secs)
+}
+
+/// A StatefulSet as the controller reports it; `rev` differs between current and update while
+/// a rollout runs.
+fn sts(pods: i32, ready: i32, updated: i32, current_rev: &str, update_rev: &str) -> StatefulSet {
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "orders", "generation": 2 },
+        "spec": {
+            "selector": { "matchLabels": { "streamapp.dev/app": "orders" } },
+            "template": { "metadata": { "annotations": { "streamapp.dev/config-hash": "abc" } } },
+        },
+        "status": {
+            "observedGeneration": 2, "replicas": pods, "readyReplicas": ready, "updatedReplicas": updated,
+            "currentRevision": current_rev, "updateRevision": update_rev,
+        },
+    }))
+    .unwrap()
+}
+
+fn steady(ready: i32) -> StatefulSet {
+    sts(3, ready, 3, "r1", "r1")
+}
+
+fn status_of(
+    app: &StreamApp,
+    sts: Option<&StatefulSet>,
+    findings: &Findings,
+    at: Timestamp,
+) -> StreamAppStatus {
+    compute_status(app, sts, findings, at)
+}
+
+fn cond<'a>(status: &'a StreamAppStatus, type_: &str) -> &'a Condition {
+    condition_of(status, type_).unwrap_or_else(|| panic!("no {type_} condition in {status:?}"))
+}
+
+fn with_status(mut app: StreamApp, status: StreamAppStatus) -> StreamApp {
+    app.status = Some(status);
+    app
+}
+
+fn report(name: &str, phase: &str, tasks: Vec<TaskStateStatus>) -> PodStateStatus {
+    PodStateStatus {
+        name: name.into(),
+        phase: Some(phase.into()),
+        processor_up: true,
+        ready: true,
+        tasks,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn all_pods_ready_after_the_rollout_is_running_and_ready() {
+    let status = status_of(&app(), Some(&steady(3)), &Findings::default(), now());
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+    assert_eq!(status.ready.as_deref(), Some("3/3"));
+    assert_eq!((status.replicas, status.ready_replicas), (Some(3), Some(3)));
+    assert_eq!(status.observed_generation, Some(4));
+    assert_eq!(status.selector.as_deref(), Some("streamapp.dev/app=orders"));
+    assert_eq!(status.config_hash.as_deref(), Some("abc"));
+    let ready = cond(&status, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "AllPodsReady")
+    );
+    assert_eq!(ready.observed_generation, Some(4));
+    assert_eq!(cond(&status, "Progressing").reason, "RolloutComplete");
+    assert_eq!(cond(&status, "Degraded").status, "False");
+    assert!(status.pods.is_empty(), "the operator never writes pods");
+}
+
+#[test]
+fn scaled_to_zero_is_stopped() {
+    let mut app = app();
+    app.spec.replicas = 0;
+    let status = status_of(
+        &app,
+        Some(&sts(0, 0, 0, "r1", "r1")),
+        &Findings::default(),
+        now(),
+    );
+    assert_eq!(status.phase.as_deref(), Some("Stopped"));
+    assert_eq!(status.ready.as_deref(), Some("0/0"));
+    assert_eq!(cond(&status, "Ready").reason, "ScaledToZero");
+    assert_eq!(cond(&status, "Progressing").status, "False");
+}
+
+#[test]
+fn pods_not_yet_ready_the_first_time_are_progressing_not_degraded() {
+    let status = status_of(&app(), Some(&steady(1)), &Findings::default(), now());
+    assert_eq!(status.phase.as_deref(), Some("Progressing"));
+    assert_eq!(cond(&status, "Ready").status, "False");
+    assert_eq!(cond(&status, "Progressing").reason, "PodsStarting");
+    assert_eq!(cond(&status, "Degraded").status, "False");
+}
+
+#[test]
+fn pods_still_not_ready_after_the_progress_deadline_are_degraded() {
+    let first = status_of(&app(), Some(&steady(1)), &Findings::default(), now());
+    let app = with_status(app(), first);
+    let status = status_of(&app, Some(&steady(1)), &Findings::default(), later(31 * 60));
+    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+    assert_eq!(
+        cond(&status, "Progressing").reason,
+        "ProgressDeadlineExceeded"
+    );
+    assert_eq!(cond(&status, "Degraded").reason, "PodsNotReady");
+}
+
+#[test]
+fn a_new_pod_template_rolling_out_is_progressing() {
+    let running = with_status(
+        app(),
+        status_of(&app(), Some(&steady(3)), &Findings::default(), now()),
+    );
+    let status = status_of(
+        &running,
+        Some(&sts(3, 2, 1, "r1", "r2")),
+        &Findings::default(),
+        later(5),
+    );
+    assert_eq!(status.phase.as_deref(), Some("Progressing"));
+    let progressing = cond(&status, "Progressing");
+    assert_eq!(
+        (progressing.status.as_str(), progressing.reason.as_str()),
+        ("True", "RollingOut")
+    );
+    assert_eq!(progressing.message, "1/3 pods run the current pod template");
+    assert_eq!(
+        cond(&status, "Degraded").status,
+        "False",
+        "a rollout is not a failure"
+    );
+}
+
+#[test]
+fn ready_pods_that_stop_being_ready_make_a_running_app_degraded() {
+    let running = with_status(
+        app(),
+        status_of(&app(), Some(&steady(3)), &Findings::default(), now()),
+    );
+    let status = status_of(&running, Some(&steady(2)), &Findings::default(), later(5));
+    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+    let degraded = cond(&status, "Degraded");
+    assert_eq!(
+        (degraded.reason.as_str(), degraded.message.as_str()),
+        ("PodsNotReady", "2/3 pods ready")
+    );
+    // And it recovers.
+    let degraded_app = with_status(app(), status);
+    let recovered = status_of(
+        &degraded_app,
+        Some(&steady(3)),
+        &Findings::default(),
+        later(10),
+    );
+    assert_eq!(recovered.phase.as_deref(), Some("Running"));
+    assert_eq!(cond(&recovered, "Degraded").status, "False");
+}
+
+#[test]
+fn a_blocked_rollout_is_degraded_with_the_blockers_reason() {
+    let findings = Findings {
+        blocker: Some(Blocker {
+            reason: MEMORY_BUDGET_EXCEEDED,
+            message: "needs 370 MiB, limit 256Mi".into(),
+        }),
+        ..Default::default()
+    };
+    let status = status_of(&app(), Some(&steady(3)), &findings, now());
+    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+    let degraded = cond(&status, "Degraded");
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "MemoryBudgetExceeded")
+    );
+    assert_eq!(degraded.message, "needs 370 MiB, limit 256Mi");
+    assert_eq!(cond(&status, "Progressing").reason, "RolloutBlocked");
+    assert_eq!(
+        cond(&status, "Ready").status,
+        "True",
+        "the pods still serve the previous configuration"
+    );
+
+    let never_created = status_of(&app(), None, &findings, now());
+    assert_eq!(cond(&never_created, "Ready").reason, "NotCreated");
+    assert_eq!(never_created.replicas, Some(0));
+}
+
+#[test]
+fn growing_volumes_are_progressing_and_a_fixed_size_class_is_degraded() {
+    let resizing = Findings {
+        storage: StorageFinding::Resizing(vec!["state-orders-0".into()]),
+        ..Default::default()
+    };
+    let status = status_of(&app(), Some(&steady(3)), &resizing, now());
+    let progressing = cond(&status, "Progressing");
+    assert_eq!(
+        (progressing.reason.as_str(), progressing.message.as_str()),
+        ("StorageResizing", "expanding volume claims state-orders-0")
+    );
+    assert_eq!(
+        status.phase.as_deref(),
+        Some("Running"),
+        "pods are fine while volumes grow"
+    );
+
+    let fixed = Findings {
+        storage: StorageFinding::NotExpandable("claims state-orders-0 cannot grow".into()),
+        ..Default::default()
+    };
+    let status = status_of(&app(), Some(&steady(3)), &fixed, now());
+    assert_eq!(cond(&status, "Degraded").reason, "StorageNotExpandable");
+    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+}
+
+#[test]
+fn state_health_is_unknown_until_an_agent_reports() {
+    let status = status_of(&app(), Some(&steady(3)), &Findings::default(), now());
+    let state = cond(&status, "StateHealthy");
+    assert_eq!(
+        (state.status.as_str(), state.reason.as_str()),
+        ("Unknown", "NoReports")
+    );
+    assert_eq!(status.state_health.as_deref(), Some("Unknown"));
+    assert_eq!(status.worst_restore_lag, None);
+}
+
+#[test]
+fn healthy_reports_give_the_worst_lag_and_checkpoint_age() {
+    let task = |partition, lag, age| TaskStateStatus {
+        partition,
+        restore_lag: Some(lag),
+        checkpoint_age_seconds: Some(age),
+        opened: Some("Clean".into()),
+        ..Default::default()
+    };
+    let app = with_status(
+        app(),
+        StreamAppStatus {
+            pods: vec![
+                report(
+                    "orders-0",
+                    "Running",
+                    vec![task(0, 12, 3), task(1, 40, 130)],
+                ),
+                report("orders-1", "Running", vec![task(2, 7, 1)]),
+            ],
+            ..Default::default()
+        },
+    );
+    let status = status_of(&app, Some(&steady(3)), &Findings::default(), now());
+    assert_eq!(status.worst_restore_lag, Some(40));
+    assert_eq!(status.worst_checkpoint_age.as_deref(), Some("2m10s"));
+    assert_eq!(status.state_health.as_deref(), Some("Healthy"));
+    let state = cond(&status, "StateHealthy");
+    assert_eq!(
+        (state.status.as_str(), state.reason.as_str()),
+        ("True", "StoresHealthy")
+    );
+}
+
+#[test]
+fn a_failed_processor_makes_state_unhealthy_and_the_app_degraded() {
+    let mut failed = report("orders-2", "Failed", vec![]);
+    failed.message = Some("store open failed".into());
+    let app = with_status(
+        app(),
+        StreamAppStatus {
+            pods: vec![report("orders-0", "Running", vec![]), failed],
+            ..Default::default()
+        },
+    );
+    let status = status_of(&app, Some(&steady(3)), &Findings::default(), now());
+    let state = cond(&status, "StateHealthy");
+    assert_eq!(
+        (state.status.as_str(), state.reason.as_str()),
+        ("False", "ProcessorFailed")
+    );
+    assert!(
+        state.message.contains("orders-2: store open failed"),
+        "{}",
+        state.message
+    );
+    assert_eq!(status.state_health.as_deref(), Some("Degraded"));
+    assert_eq!(cond(&status, "Degraded").reason, "ProcessorFailed");
+    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+}
+
+#[test]
+fn a_down_processor_is_reported_as_down() {
+    let app = with_status(
+        app(),
+        StreamAppStatus {
+            pods: vec![report("orders-1", "Down", vec![])],
+            ..Default::default()
+        },
+    );
+    let status = status_of(&app, Some(&steady(3)), &Findings::default(), now());
+    assert_eq!(cond(&status, "StateHealthy").reason, "ProcessorDown");
+}
+
+#[test]
+fn a_store_rebuilt_after_quarantine_names_the_pod_partition_and_reason() {
+    let rebuilding = TaskStateStatus {
+        partition: 4,
+        opened: Some("Rebuilt".into()),
+        restore: Some(RestoreStatus {
+            restored: 100,
+            total: 5000,
+            rate: None,
+            eta_seconds: None,
+        }),
+        last_quarantine_reason: Some("Corruption: block checksum mismatch".into()),
+        ..Default::default()
+    };
+    let app = with_status(
+        app(),
+        StreamAppStatus {
+            pods: vec![report("orders-1", "Restoring", vec![rebuilding])],
+            ..Default::default()
+        },
+    );
+    let status = status_of(&app, Some(&steady(3)), &Findings::default(), now());
+    let state = cond(&status, "StateHealthy");
+    assert_eq!(
+        (state.status.as_str(), state.reason.as_str()),
+        ("False", "Rebuilding")
+    );
+    assert_eq!(
+        state.message,
+        "pod orders-1 is rebuilding partition 4 from the changelog after quarantining its store: \
+         Corruption: block checksum mismatch (100 of 5000 records restored)"
+    );
+    assert_eq!(
+        cond(&status, "Degraded").status,
+        "False",
+        "a rebuild heals itself"
+    );
+}
+
+#[test]
+fn a_finished_rebuild_is_healthy_again() {
+    let rebuilt = TaskStateStatus {
+        partition: 4,
+        opened: Some("Rebuilt".into()),
+        restore: None,
+        ..Default::default()
+    };
+    let app = with_status(
+        app(),
+        StreamAppStatus {
+            pods: vec![report("orders-1", "Running", vec![rebuilt])],
+            ..Default::default()
+        },
+    );
+    let status = status_of(&app, Some(&steady(3)), &Findings::default(), now());
+    assert_eq!(cond(&status, "StateHealthy").reason, "StoresHealthy");
+}
+
+#[test]
+fn reports_of_scaled_away_pods_no_longer_count() {
+    let mut app = with_status(
+        app(),
+        StreamAppStatus {
+            pods: vec![
+                report("orders-0", "Running", vec![]),
+                report("orders-5", "Failed", vec![]),
+                report("other-0", "Failed", vec![]),
+            ],
+            ..Default::default()
+        },
+    );
+    app.spec.replicas = 3;
+    let status = status_of(&app, Some(&steady(3)), &Findings::default(), now());
+    assert_eq!(cond(&status, "StateHealthy").reason, "StoresHealthy");
+}
+
+#[test]
+fn transition_time_is_kept_while_a_condition_keeps_its_status() {
+    let first = status_of(&app(), Some(&steady(3)), &Findings::default(), now());
+    let app = with_status(app(), first.clone());
+    let again = status_of(&app, Some(&steady(3)), &Findings::default(), later(600));
+    assert_eq!(
+        cond(&again, "Ready").last_transition_time,
+        cond(&first, "Ready").last_transition_time
+    );
+    assert!(
+        !needs_update(&app, &again),
+        "nothing changed, nothing to write"
+    );
+
+    let dropped = status_of(&app, Some(&steady(2)), &Findings::default(), later(600));
+    assert_eq!(cond(&dropped, "Ready").last_transition_time.0, later(600));
+    assert!(needs_update(&app, &dropped));
+}
+
+#[test]
+fn agents_entries_alone_never_cause_a_status_write() {
+    let computed = status_of(&app(), Some(&steady(3)), &Findings::default(), now());
+    let mut current = computed.clone();
+    current.pods = vec![report("orders-0", "Running", vec![])];
+    assert!(!needs_update(&with_status(app(), current), &computed));
+}

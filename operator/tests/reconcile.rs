@@ -1,0 +1,744 @@
+//! The operator against the real local API server: owned objects, status, kubectl's view,
+//! rollouts, scaling, storage growth, blocked rollouts and garbage collection. Each test has
+//! its own namespace and its own in-process operator watching only it; kwok plays the kubelet
+//! and the tests play the readiness prober (testbed::kube::set_pod_ready).
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use streamapp_api::config::ProcessorConfig;
+use streamapp_api::crd::StreamApp;
+use support::*;
+use testbed::kube::{kubectl, set_pod_ready, wait_for};
+
+async fn statefulset(client: &Client, ns: &str, name: &str) -> StatefulSet {
+    let api: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    eventually(
+        Duration::from_secs(60),
+        &format!("StatefulSet {name}"),
+        || async { api.get_opt(name).await.ok().flatten() },
+    )
+    .await
+}
+
+fn processor_image(sts: &StatefulSet) -> String {
+    sts.spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .image
+        .clone()
+        .unwrap()
+}
+
+fn config_hash(sts: &StatefulSet) -> String {
+    sts.spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .annotations
+        .as_ref()
+        .unwrap()["streamapp.dev/config-hash"]
+        .clone()
+}
+
+async fn event_reasons(client: &Client, ns: &str) -> Vec<String> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+#[tokio::test]
+async fn creating_a_streamapp_creates_every_owned_object_with_the_expected_fields() {
+    with_operator("create", |client, ns| async move {
+        let app = create(&client, &ns, streamapp_json("orders", 1)).await;
+        let uid = app.metadata.uid.clone().unwrap();
+        let sts = statefulset(&client, &ns, "orders").await;
+
+        let owned_by_app = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            let owner = &meta.owner_references.as_ref().expect("owner references")[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+                ("StreamApp", uid.as_str(), Some(true))
+            );
+            let labels = meta.labels.as_ref().unwrap();
+            assert_eq!(labels["app.kubernetes.io/name"], "streamapp");
+            assert_eq!(labels["app.kubernetes.io/instance"], "orders");
+            assert_eq!(labels["app.kubernetes.io/managed-by"], "streamapp-operator");
+            assert_eq!(labels["streamapp.dev/app"], "orders");
+        };
+        owned_by_app(&sts.metadata);
+        let spec = sts.spec.as_ref().unwrap();
+        assert_eq!(spec.pod_management_policy.as_deref(), Some("OrderedReady"));
+        let pod = spec.template.spec.as_ref().unwrap();
+        let agent = &pod.init_containers.as_ref().unwrap()[0];
+        assert_eq!(
+            (agent.name.as_str(), agent.restart_policy.as_deref()),
+            ("agent", Some("Always"))
+        );
+        assert_eq!(pod.service_account_name.as_deref(), Some("orders-agent"));
+        assert_eq!(pod.termination_grace_period_seconds, Some(75));
+
+        let svc = Api::<Service>::namespaced(client.clone(), &ns)
+            .get("orders")
+            .await
+            .unwrap();
+        owned_by_app(&svc.metadata);
+        assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("None"));
+
+        let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+            .get("orders-config")
+            .await
+            .unwrap();
+        owned_by_app(&cm.metadata);
+        let yaml = &cm.data.as_ref().unwrap()["processor.yaml"];
+        let config: ProcessorConfig = serde_yaml::from_str(yaml).unwrap();
+        assert_eq!(config.application_id, format!("{ns}.orders"));
+        assert_eq!(config.topology.input_topic, "orders");
+        assert_eq!(config.state_dir, "/var/lib/streamapp/state");
+        use sha2::Digest;
+        assert_eq!(
+            config_hash(&sts),
+            hex::encode(sha2::Sha256::digest(yaml.as_bytes()))
+        );
+
+        let pdb = Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns)
+            .get("orders")
+            .await
+            .unwrap();
+        owned_by_app(&pdb.metadata);
+        assert_eq!(pdb.spec.unwrap().max_unavailable, Some(IntOrString::Int(1)));
+
+        let sa = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+            .get("orders-agent")
+            .await
+            .unwrap();
+        owned_by_app(&sa.metadata);
+        let role = Api::<Role>::namespaced(client.clone(), &ns)
+            .get("orders-agent")
+            .await
+            .unwrap();
+        owned_by_app(&role.metadata);
+        let status_rule = role
+            .rules
+            .unwrap()
+            .into_iter()
+            .find(|r| r.resources == Some(vec!["streamapps/status".into()]))
+            .unwrap();
+        assert_eq!(status_rule.resource_names, Some(vec!["orders".to_string()]));
+        let binding = Api::<RoleBinding>::namespaced(client.clone(), &ns)
+            .get("orders-agent")
+            .await
+            .unwrap();
+        owned_by_app(&binding.metadata);
+        assert_eq!(binding.subjects.unwrap()[0].name, "orders-agent");
+
+        // The agent's RBAC works as intended: it may patch its own StreamApp's status only.
+        let as_agent = format!("system:serviceaccount:{ns}:orders-agent");
+        let can = |args: &[&str]| {
+            let out = kubectl(
+                &[&["auth", "can-i", "-n", &ns, "--as", &as_agent][..], args].concat(),
+                None,
+            );
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        assert_eq!(
+            can(&["patch", "streamapps/orders", "--subresource=status"]),
+            "yes"
+        );
+        assert_eq!(
+            can(&["patch", "streamapps/other", "--subresource=status"]),
+            "no"
+        );
+        assert_eq!(can(&["patch", "streamapps/orders"]), "no");
+        assert_eq!(can(&["get", "streamapps/orders"]), "yes");
+
+        let status = wait_for_status(&client, &ns, "orders", "the first status", |s| {
+            s.observed_generation.is_some()
+        })
+        .await;
+        assert_eq!(status.selector.as_deref(), Some("streamapp.dev/app=orders"));
+        assert_eq!(
+            status.config_hash.as_deref(),
+            Some(config_hash(&sts).as_str())
+        );
+        assert!(
+            event_reasons(&client, &ns)
+                .await
+                .contains(&"Created".to_string())
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ready_pods_make_the_streamapp_ready_and_kubectl_get_shows_it() {
+    with_operator("ready", |client, ns| async move {
+        create(&client, &ns, streamapp_json("payments", 2)).await;
+        wait_for_running_pod(&client, &ns, "payments-0").await;
+        let status = wait_for_status(
+            &client,
+            &ns,
+            "payments",
+            "Progressing while no pod is ready",
+            |s| s.phase.as_deref() == Some("Progressing"),
+        )
+        .await;
+        assert_eq!(condition(&status, "Ready").unwrap().0, "False");
+        assert_eq!(status.state_health.as_deref(), Some("Unknown"));
+
+        make_pods_ready(&client, &ns, "payments", 2).await;
+        let status = wait_for_status(&client, &ns, "payments", "Running with 2/2 ready", |s| {
+            s.phase.as_deref() == Some("Running") && s.ready.as_deref() == Some("2/2")
+        })
+        .await;
+        assert_eq!(
+            condition(&status, "Ready").unwrap(),
+            ("True".into(), "AllPodsReady".into())
+        );
+        assert_eq!(
+            condition(&status, "Progressing").unwrap().1,
+            "RolloutComplete"
+        );
+        assert_eq!(condition(&status, "Degraded").unwrap().0, "False");
+        assert_eq!(status.ready_replicas, Some(2));
+
+        let out = kubectl(&["get", "streamapps", "-n", &ns], None);
+        let table = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut lines = table.lines();
+        let header: Vec<_> = lines.next().unwrap().split_whitespace().collect();
+        assert_eq!(
+            header,
+            [
+                "NAME",
+                "READY",
+                "PHASE",
+                "STATE",
+                "LAG",
+                "CHECKPOINT",
+                "AGE"
+            ],
+            "{table}"
+        );
+        let row: Vec<_> = lines.next().unwrap().split_whitespace().collect();
+        assert_eq!(
+            &row[..4],
+            ["payments", "2/2", "Running", "Unknown"],
+            "{table}"
+        );
+
+        // The short name and the wide columns work too.
+        let out = kubectl(&["get", "sapp", "payments", "-n", &ns, "-o", "wide"], None);
+        let wide = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            wide.contains("registry.example/streamapp:1.0") && wide.contains("AllPodsReady"),
+            "{wide}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn changing_the_image_replaces_the_highest_ordinal_first_and_waits_for_its_readiness() {
+    with_operator("rollout", |client, ns| async move {
+        create(&client, &ns, streamapp_json("dedup", 3)).await;
+        make_pods_ready(&client, &ns, "dedup", 3).await;
+        wait_for_status(&client, &ns, "dedup", "Running", |s| {
+            s.phase.as_deref() == Some("Running")
+        })
+        .await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let uid = |p: &Pod| p.metadata.uid.clone().unwrap();
+        let image = |p: &Pod| {
+            p.spec.as_ref().unwrap().containers[0]
+                .image
+                .clone()
+                .unwrap()
+        };
+        let mut before = Vec::new();
+        for i in 0..3 {
+            before.push(uid(&pods.get(&format!("dedup-{i}")).await.unwrap()));
+        }
+
+        patch_spec(
+            &client,
+            &ns,
+            "dedup",
+            serde_json::json!({ "image": "registry.example/streamapp:1.1" }),
+        )
+        .await;
+        wait_for(
+            Duration::from_secs(30),
+            "the StatefulSet template to take the new image",
+            || async {
+                processor_image(&statefulset(&client, &ns, "dedup").await)
+                    == "registry.example/streamapp:1.1"
+            },
+        )
+        .await;
+
+        // Highest ordinal first.
+        let new2 =
+            wait_for_running_pod_with_image(&pods, "dedup-2", "registry.example/streamapp:1.1")
+                .await;
+        assert_ne!(uid(&new2), before[2]);
+        let status = wait_for_status(&client, &ns, "dedup", "Progressing (RollingOut)", |s| {
+            condition(s, "Progressing").is_some_and(|c| c.1 == "RollingOut")
+        })
+        .await;
+        assert_eq!(status.phase.as_deref(), Some("Progressing"));
+
+        // While dedup-2 is not ready (its stores are restoring), dedup-1 and dedup-0 are left alone.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        for i in [0, 1] {
+            let pod = pods.get(&format!("dedup-{i}")).await.unwrap();
+            assert_eq!(
+                uid(&pod),
+                before[i],
+                "dedup-{i} must wait for dedup-2 to be ready"
+            );
+            assert_eq!(image(&pod), "registry.example/streamapp:1.0");
+        }
+
+        set_pod_ready(&client, &ns, "dedup-2", true).await;
+        let new1 =
+            wait_for_running_pod_with_image(&pods, "dedup-1", "registry.example/streamapp:1.1")
+                .await;
+        assert_ne!(uid(&new1), before[1]);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let pod0 = pods.get("dedup-0").await.unwrap();
+        assert_eq!(
+            uid(&pod0),
+            before[0],
+            "dedup-0 must wait for dedup-1 to be ready"
+        );
+
+        set_pod_ready(&client, &ns, "dedup-1", true).await;
+        wait_for_running_pod_with_image(&pods, "dedup-0", "registry.example/streamapp:1.1").await;
+        set_pod_ready(&client, &ns, "dedup-0", true).await;
+        let status = wait_for_status(&client, &ns, "dedup", "the rollout to complete", |s| {
+            s.phase.as_deref() == Some("Running")
+                && condition(s, "Progressing").is_some_and(|c| c.1 == "RolloutComplete")
+        })
+        .await;
+        assert_eq!(status.ready.as_deref(), Some("3/3"));
+        assert!(
+            event_reasons(&client, &ns)
+                .await
+                .contains(&"RollingOut".to_string())
+        );
+    })
+    .await;
+}
+
+async fn wait_for_running_pod_with_image(pods: &Api<Pod>, name: &str, image: &str) -> Pod {
+    eventually(
+        Duration::from_secs(60),
+        &format!("pod {name} Running with image {image}"),
+        || async {
+            pods.get_opt(name).await.ok().flatten().filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some(image)
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn changing_rocksdb_tuning_changes_the_config_hash_and_rolls_the_pod_template() {
+    with_operator("tuning", |client, ns| async move {
+        create(&client, &ns, streamapp_json("clicks", 1)).await;
+        let first = wait_for_status(&client, &ns, "clicks", "a config hash", |s| {
+            s.config_hash.is_some()
+        })
+        .await;
+        let old_hash = first.config_hash.unwrap();
+
+        patch_spec(
+            &client,
+            &ns,
+            "clicks",
+            serde_json::json!({ "rocksdb": { "blockCacheSize": "64Mi" } }),
+        )
+        .await;
+        let status = wait_for_status(&client, &ns, "clicks", "a new config hash", |s| {
+            s.config_hash.as_deref().is_some_and(|h| h != old_hash)
+        })
+        .await;
+        let new_hash = status.config_hash.unwrap();
+        let sts = statefulset(&client, &ns, "clicks").await;
+        assert_eq!(
+            config_hash(&sts),
+            new_hash,
+            "the pod template rolls with the configuration"
+        );
+        let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+            .get("clicks-config")
+            .await
+            .unwrap();
+        let config: ProcessorConfig =
+            serde_yaml::from_str(&cm.data.unwrap()["processor.yaml"]).unwrap();
+        assert_eq!(config.rocksdb.block_cache_size.as_deref(), Some("64Mi"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn kubectl_scale_changes_the_replicas_through_the_scale_subresource() {
+    with_operator("scale", |client, ns| async move {
+        create(&client, &ns, streamapp_json("ledger", 1)).await;
+        wait_for_status(&client, &ns, "ledger", "the selector", |s| {
+            s.selector.is_some()
+        })
+        .await;
+
+        let out = kubectl(
+            &["scale", "streamapp", "ledger", "--replicas=3", "-n", &ns],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "kubectl scale: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        wait_for(
+            Duration::from_secs(30),
+            "the StatefulSet to have 3 replicas",
+            || async {
+                statefulset(&client, &ns, "ledger")
+                    .await
+                    .spec
+                    .unwrap()
+                    .replicas
+                    == Some(3)
+            },
+        )
+        .await;
+        let app = Api::<StreamApp>::namespaced(client.clone(), &ns)
+            .get("ledger")
+            .await
+            .unwrap();
+        assert_eq!(app.spec.replicas, 3);
+        make_pods_ready(&client, &ns, "ledger", 3).await;
+        wait_for_status(&client, &ns, "ledger", "3/3 ready", |s| {
+            s.ready.as_deref() == Some("3/3")
+        })
+        .await;
+
+        let out = kubectl(
+            &[
+                "get",
+                "streamapp",
+                "ledger",
+                "-n",
+                &ns,
+                "--subresource=scale",
+                "-o",
+                "jsonpath={.spec.replicas} {.status.replicas} {.status.selector}",
+            ],
+            None,
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "3 3 streamapp.dev/app=ledger"
+        );
+
+        let out = kubectl(
+            &["scale", "streamapp", "ledger", "--replicas=0", "-n", &ns],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status = wait_for_status(&client, &ns, "ledger", "Stopped with every pod gone", |s| {
+            s.phase.as_deref() == Some("Stopped") && s.replicas == Some(0)
+        })
+        .await;
+        assert_eq!(status.ready.as_deref(), Some("0/0"));
+        assert_eq!(
+            condition(&status, "Progressing").unwrap(),
+            ("False".into(), "ScaledToZero".into())
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_agents_pods_entry_written_with_its_own_field_manager_survives_operator_reconciles() {
+    with_operator("agent-entry", |client, ns| async move {
+        create(&client, &ns, streamapp_json("search", 1)).await;
+        wait_for_status(&client, &ns, "search", "the operator's first status", |s| s.phase.is_some()).await;
+
+        // What the agent of search-0 writes, under its own field manager.
+        let api: Api<StreamApp> = Api::namespaced(client.clone(), &ns);
+        let entry = serde_json::json!({
+            "apiVersion": "streamapp.dev/v1alpha1",
+            "kind": "StreamApp",
+            "status": { "pods": [{
+                "name": "search-0", "phase": "Running", "processorUp": true, "ready": true,
+                "tasks": [{ "partition": 0, "restoreLag": 42, "checkpointAgeSeconds": 130, "opened": "Clean" }],
+            }] },
+        });
+        api.patch_status("search", &PatchParams::apply("streamapp-agent-search-0"), &Patch::Apply(&entry)).await.unwrap();
+
+        let status = wait_for_status(&client, &ns, "search", "the operator to aggregate the report", |s| {
+            s.worst_restore_lag == Some(42)
+        })
+        .await;
+        assert_eq!(status.worst_checkpoint_age.as_deref(), Some("2m10s"));
+        assert_eq!(status.state_health.as_deref(), Some("Healthy"));
+        assert_eq!(condition(&status, "StateHealthy").unwrap(), ("True".into(), "StoresHealthy".into()));
+
+        // More reconciles, each applying the status: the entry stays.
+        let generation = patch_spec(&client, &ns, "search", serde_json::json!({ "image": "registry.example/streamapp:2.0" }))
+            .await
+            .metadata
+            .generation;
+        let status = wait_for_status(&client, &ns, "search", "the new generation observed", |s| s.observed_generation == generation).await;
+        assert_eq!(status.pods.len(), 1, "{status:#?}");
+        assert_eq!(status.pods[0].name, "search-0");
+        assert_eq!(status.pods[0].tasks[0].restore_lag, Some(42));
+
+        let app = api.get("search").await.unwrap();
+        let managers: Vec<_> = app.metadata.managed_fields.unwrap().into_iter().filter_map(|m| m.manager).collect();
+        assert!(managers.contains(&"streamapp-agent-search-0".to_string()), "{managers:?}");
+        assert!(managers.contains(&"streamapp-operator".to_string()), "{managers:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn growing_the_storage_expands_the_claims_and_the_bound_volumes() {
+    with_operator("storage", |client, ns| async move {
+        create(&client, &ns, streamapp_json("archive", 1)).await;
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        let capacity = |c: &PersistentVolumeClaim| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .map(|c| c["storage"].0.clone())
+                .unwrap_or_default()
+        };
+        wait_for(
+            Duration::from_secs(90),
+            "claim state-archive-0 bound at 1Gi",
+            || async {
+                claims
+                    .get_opt("state-archive-0")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|c| {
+                        c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+                            && capacity(&c) == "1Gi"
+                    })
+            },
+        )
+        .await;
+
+        let generation = patch_spec(
+            &client,
+            &ns,
+            "archive",
+            serde_json::json!({ "storage": { "size": "2Gi" } }),
+        )
+        .await
+        .metadata
+        .generation;
+        wait_for(
+            Duration::from_secs(90),
+            "claim state-archive-0 to grow to 2Gi",
+            || async {
+                claims
+                    .get_opt("state-archive-0")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|c| {
+                        c.spec
+                            .as_ref()
+                            .unwrap()
+                            .resources
+                            .as_ref()
+                            .unwrap()
+                            .requests
+                            .as_ref()
+                            .unwrap()["storage"]
+                            .0
+                            == "2Gi"
+                            && capacity(&c) == "2Gi"
+                    })
+            },
+        )
+        .await;
+        // The StatefulSet keeps its (immutable) claim template, and applying it still works.
+        let status = wait_for_status(&client, &ns, "archive", "the resize to settle", |s| {
+            s.observed_generation == generation
+                && condition(s, "Progressing").is_some_and(|c| c.1 != "StorageResizing")
+        })
+        .await;
+        assert_eq!(condition(&status, "Degraded").unwrap().0, "False");
+        let sts = statefulset(&client, &ns, "archive").await;
+        let template = &sts.spec.unwrap().volume_claim_templates.unwrap()[0];
+        assert_eq!(
+            template
+                .spec
+                .as_ref()
+                .unwrap()
+                .resources
+                .as_ref()
+                .unwrap()
+                .requests
+                .as_ref()
+                .unwrap()["storage"]
+                .0,
+            "1Gi"
+        );
+        wait_for(
+            Duration::from_secs(30),
+            "the StorageResizing and StorageResized events",
+            || async {
+                let reasons = event_reasons(&client, &ns).await;
+                reasons.contains(&"StorageResizing".to_string())
+                    && reasons.contains(&"StorageResized".to_string())
+            },
+        )
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_memory_limit_below_the_rocksdb_budget_is_degraded_and_not_rolled_out() {
+    with_operator("memory", |client, ns| async move {
+        create(&client, &ns, streamapp_json("billing", 1)).await;
+        let before = statefulset(&client, &ns, "billing").await;
+
+        patch_spec(
+            &client,
+            &ns,
+            "billing",
+            serde_json::json!({ "image": "registry.example/streamapp:9.9", "resources": { "limits": { "memory": "256Mi" } } }),
+        )
+        .await;
+        let status = wait_for_status(&client, &ns, "billing", "Degraded (MemoryBudgetExceeded)", |s| {
+            condition(s, "Degraded").is_some_and(|c| c.1 == "MemoryBudgetExceeded")
+        })
+        .await;
+        assert_eq!(status.phase.as_deref(), Some("Degraded"));
+        let message = &status.conditions.iter().find(|c| c.type_ == "Degraded").unwrap().message;
+        assert!(message.contains("114 MiB over") && message.contains("rocksdb.blockCacheSize"), "{message}");
+        assert_eq!(condition(&status, "Progressing").unwrap().1, "RolloutBlocked");
+        let sts = statefulset(&client, &ns, "billing").await;
+        assert_eq!(processor_image(&sts), processor_image(&before), "nothing rolls out while the budget is exceeded");
+        assert!(event_reasons(&client, &ns).await.contains(&"Degraded".to_string()));
+
+        patch_spec(&client, &ns, "billing", serde_json::json!({ "resources": { "limits": { "memory": "1Gi" } } })).await;
+        wait_for_status(&client, &ns, "billing", "Degraded to clear", |s| {
+            condition(s, "Degraded").is_some_and(|c| c.0 == "False")
+        })
+        .await;
+        assert_eq!(processor_image(&statefulset(&client, &ns, "billing").await), "registry.example/streamapp:9.9");
+        wait_for(Duration::from_secs(30), "the Recovered event", || async {
+            event_reasons(&client, &ns).await.contains(&"Recovered".to_string())
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deleting_the_streamapp_garbage_collects_its_objects() {
+    with_operator("delete", |client, ns| async move {
+        create(&client, &ns, streamapp_json("audit", 1)).await;
+        statefulset(&client, &ns, "audit").await;
+        wait_for(Duration::from_secs(30), "the ConfigMap", || async {
+            Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                .get_opt("audit-config")
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        })
+        .await;
+
+        Api::<StreamApp>::namespaced(client.clone(), &ns)
+            .delete("audit", &DeleteParams::background())
+            .await
+            .unwrap();
+        let gone = |c: Client, ns: String| async move {
+            Api::<StatefulSet>::namespaced(c.clone(), &ns)
+                .get_opt("audit")
+                .await
+                .unwrap()
+                .is_none()
+                && Api::<Service>::namespaced(c.clone(), &ns)
+                    .get_opt("audit")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<ConfigMap>::namespaced(c.clone(), &ns)
+                    .get_opt("audit-config")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<PodDisruptionBudget>::namespaced(c.clone(), &ns)
+                    .get_opt("audit")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<ServiceAccount>::namespaced(c.clone(), &ns)
+                    .get_opt("audit-agent")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<Role>::namespaced(c.clone(), &ns)
+                    .get_opt("audit-agent")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<RoleBinding>::namespaced(c.clone(), &ns)
+                    .get_opt("audit-agent")
+                    .await
+                    .unwrap()
+                    .is_none()
+        };
+        wait_for(
+            Duration::from_secs(60),
+            "every owned object to be garbage-collected",
+            || gone(client.clone(), ns.clone()),
+        )
+        .await;
+    })
+    .await;
+}
