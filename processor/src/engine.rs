@@ -174,6 +174,9 @@ struct Task {
     committed: Option<i64>,
     /// The open transaction processed records of this task.
     dirty: bool,
+    /// The store's changelog offset is the offset of our own last commit marker (the store
+    /// reflects everything before it; the marker holds no data).
+    at_commit_marker: bool,
     health: TaskHealth,
 }
 
@@ -384,6 +387,7 @@ impl Engine {
                 position: None,
                 committed: None,
                 dirty: false,
+                at_commit_marker: false,
                 health,
             },
         );
@@ -694,6 +698,9 @@ impl Engine {
         let mut damaged = Vec::new();
         for task in self.tasks.values_mut().filter(|t| t.dirty) {
             task.staged.changelog_offset = changelog_offsets.get(&task.partition).map(|o| o + 1);
+            if task.staged.changelog_offset.is_some() {
+                task.at_commit_marker = true;
+            }
             task.staged.input_offset = task.position;
             if let Err(e) = task.store.apply(&task.staged) {
                 // The data is safe in the changelog: rebuild the store from it.
@@ -822,7 +829,10 @@ impl Engine {
     pub fn refresh_changelog_ends(&mut self) {
         for task in self.tasks.values_mut() {
             if let Ok(end) = self.restorer.end_offset(task.partition) {
-                task.health.changelog_end_offset = Some(end);
+                // Right after our own commit the log ends with its marker, which holds no
+                // data: the store is caught up, not one record behind.
+                let caught_up = task.at_commit_marker && task.store.meta().changelog_offset == Some(end - 1);
+                task.health.changelog_end_offset = Some(if caught_up { end - 1 } else { end });
             }
         }
     }
