@@ -26,6 +26,7 @@ pub mod processor_config;
 pub mod rbac;
 pub mod reconcile;
 pub mod service;
+pub mod spec_reference;
 pub mod statefulset;
 pub mod status;
 pub mod storage;

@@ -302,11 +302,10 @@ impl Engine {
             self.pending_error = Some(e);
         }
         for (p, task) in std::mem::take(&mut self.tasks) {
-            if matches!(task.phase, TaskPhase::Active) && !lost {
-                if let Err(e) = self.close_cleanly(&task) {
+            if matches!(task.phase, TaskPhase::Active) && !lost
+                && let Err(e) = self.close_cleanly(&task) {
                     warn!(partition = p, error = %e, "could not flush and checkpoint a revoked task");
                 }
-            }
             self.suspended.insert(p, task.store);
         }
         self.restorer.finish();

@@ -22,15 +22,14 @@ pub fn quarantine(state: &StateDir, partition: i32, reason: &str, now_ms: i64) -
     if store.exists() {
         std::fs::rename(&store, target.join("store"))?;
     }
-    if let Some(wal) = state.wal_dir(partition) {
-        if wal.exists() {
+    if let Some(wal) = state.wal_dir(partition)
+        && wal.exists() {
             // The WAL volume may be another filesystem: copy what can be copied, then remove.
             if std::fs::rename(&wal, target.join("wal")).is_err() {
                 copy_dir(&wal, &target.join("wal"))?;
                 std::fs::remove_dir_all(&wal)?;
             }
         }
-    }
     // A checkpoint must not vouch for the store that replaces this one.
     crate::checkpoint::remove(&state.checkpoint_file(partition))?;
     std::fs::write(target.join("REASON"), reason)?;

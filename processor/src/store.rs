@@ -255,12 +255,11 @@ impl TaskStore {
         }
         let cutoff = meta.stream_time.map(|t| t.saturating_sub(self.retention_ms));
         // Expiry first: a put of this batch for an expiring id must win over its delete.
-        if let Some(cutoff) = cutoff {
-            if meta.expired_through.is_none_or(|e| e < cutoff) {
+        if let Some(cutoff) = cutoff
+            && meta.expired_through.is_none_or(|e| e < cutoff) {
                 self.expire_into(&mut batch, meta.expired_through, cutoff)?;
                 meta.expired_through = Some(cutoff);
             }
-        }
         for (id, &time) in &staged.puts {
             if cutoff.is_some_and(|c| time < c) {
                 continue; // already outside the window: expired on arrival

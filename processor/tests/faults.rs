@@ -14,7 +14,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failure_after_the_store_put_aborts_and_retries_without_a_false_duplicate() {
-    let _serial = serial();
+    let _serial = serial().await;
     let app = App::create("retry", AppOptions { partitions: 1, ..Default::default() }).await;
     let t0 = now_ms();
     let mut p = app.start_with("pod-0", &[("STREAMAPP_FAULTS", "fail-after-put=2")]);
@@ -38,7 +38,7 @@ async fn a_failure_after_the_store_put_aborts_and_retries_without_a_false_duplic
 async fn an_aborted_write_never_causes_a_false_duplicate_when_the_task_migrates_back() {
     // The incident: instance A puts the id and fails, the task moves to B which fails too,
     // then moves back to A with its old state dir, which must not hold the aborted put.
-    let _serial = serial();
+    let _serial = serial().await;
     let app = App::create("migrate", AppOptions { partitions: 1, ..Default::default() }).await;
     let t0 = now_ms();
     let mut a = app.start("pod-a");
@@ -72,7 +72,7 @@ async fn an_aborted_write_never_causes_a_false_duplicate_when_the_task_migrates_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_at_random_points_keeps_exactly_once_and_replays_only_the_changelog_tail() {
-    let _serial = serial();
+    let _serial = serial().await;
     let app = App::create("kill9", AppOptions { partitions: 2, ..Default::default() }).await;
     let t0 = now_ms();
     let mut rng = rand::rng();
@@ -149,7 +149,7 @@ enum Damage {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn damaged_wal_and_sst_files_end_consistent_in_every_recovery_mode_without_a_crash_loop() {
-    let _serial = serial();
+    let _serial = serial().await;
     for mode in ["PointInTime", "TolerateCorruptedTailRecords", "AbsoluteConsistency"] {
         for damage in [Damage::TruncateWal, Damage::FlipWalBytes, Damage::FlipSstBytes, Damage::DeleteSst] {
             damaged_store_recovers(mode, damage).await;

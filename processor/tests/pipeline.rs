@@ -12,7 +12,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn each_id_is_output_exactly_once_and_repeats_go_to_the_duplicates_topic() {
-    let _serial = serial();
+    let _serial = serial().await;
     let app = App::create("eos", AppOptions::default()).await;
     let t0 = now_ms();
     // 700 distinct ids, 300 repeats (30%): some repeat right after (same transaction: the
@@ -63,7 +63,7 @@ async fn each_id_is_output_exactly_once_and_repeats_go_to_the_duplicates_topic()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_records_go_to_the_dead_letter_topic_with_a_reason_and_nothing_is_lost() {
-    let _serial = serial();
+    let _serial = serial().await;
     let app = App::create(
         "dlq",
         AppOptions {
@@ -102,7 +102,7 @@ async fn bad_records_go_to_the_dead_letter_topic_with_a_reason_and_nothing_is_lo
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_id_seen_after_the_retention_is_processed_again_and_expired_ids_leave_the_store() {
-    let _serial = serial();
+    let _serial = serial().await;
     let app = App::create("retention", AppOptions { partitions: 1, retention: "10m", ..Default::default() }).await;
     let minute = 60_000;
     let t0 = now_ms() - 120 * minute;
@@ -133,7 +133,7 @@ async fn an_id_seen_after_the_retention_is_processed_again_and_expired_ids_leave
 
 #[tokio::test(flavor = "multi_thread")]
 async fn drain_writes_a_checkpoint_and_a_restart_restores_nothing_then_removes_it() {
-    let _serial = serial();
+    let _serial = serial().await;
     let app = App::create("drain", AppOptions::default()).await;
     let t0 = now_ms();
     let mut p = app.start("pod-0");
@@ -174,7 +174,7 @@ async fn drain_writes_a_checkpoint_and_a_restart_restores_nothing_then_removes_i
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_process_with_the_same_pod_identity_fences_the_first() {
-    let _serial = serial();
+    let _serial = serial().await;
     let app = App::create("fence", AppOptions { partitions: 1, ..Default::default() }).await;
     let t0 = now_ms();
     let mut old = app.start("pod-0");
@@ -199,7 +199,7 @@ async fn a_second_process_with_the_same_pod_identity_fences_the_first() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn start_up_fails_with_a_clear_message_when_the_changelog_partitions_differ_from_the_input() {
-    let _serial = serial();
+    let _serial = serial().await;
     let app = App::create("mismatch", AppOptions { partitions: 3, ..Default::default() }).await;
     testbed::kafka::create_topic(&app.changelog(), 2).await;
     let mut p = app.start("pod-0");
@@ -214,7 +214,7 @@ async fn start_up_fails_with_a_clear_message_when_the_changelog_partitions_diffe
 
 #[tokio::test(flavor = "multi_thread")]
 async fn invalid_configuration_is_refused_naming_the_field() {
-    let _serial = serial();
+    let _serial = serial().await;
     let app = App::create("badconfig", AppOptions { partitions: 1, retention: "50ms", ..Default::default() }).await;
     let mut p = app.start("pod-0");
     assert_eq!(p.wait_exit(MINUTE), Some(2));

@@ -106,24 +106,23 @@ where
     }
 }
 
-/// Plays the kubelet's readiness prober for a pod on the kwok node: sets the pod's `Ready` and
-/// `ContainersReady` conditions and every container's `ready` to `ready`.
-///
-/// kwok (dev/kube/kwok-stages.yaml) starts StreamApp pods Running but not Ready, because only
-/// the processor's /readyz (stores restored) could say they are; tests decide instead.
+/// Plays the kubelet's readiness prober for a pod: sets its Ready and ContainersReady
+/// conditions and its containers' `ready` flags. Panics on failure (for tests).
 pub async fn set_pod_ready(client: &Client, namespace: &str, pod: &str, ready: bool) {
+    try_set_pod_ready(client, namespace, pod, ready)
+        .await
+        .unwrap_or_else(|e| panic!("marking pod {namespace}/{pod} ready={ready}: {e}"));
+}
+
+/// [`set_pod_ready`] for long-running callers (the demo's local kubelet): errors are returned.
+pub async fn try_set_pod_ready(client: &Client, namespace: &str, pod: &str, ready: bool) -> Result<(), kube::Error> {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::{Patch, PatchParams};
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let current = pods
-        .get_status(pod)
-        .await
-        .unwrap_or_else(|e| panic!("reading pod {namespace}/{pod}: {e}"));
-    let status = current.status.unwrap_or_default();
+    let status = pods.get_status(pod).await?.status.unwrap_or_default();
     let flag = if ready { "True" } else { "False" };
-    let now =
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
     let mut conditions = status.conditions.unwrap_or_default();
     for type_ in ["Ready", "ContainersReady"] {
         match conditions.iter_mut().find(|c| c.type_ == type_) {
@@ -148,9 +147,8 @@ pub async fn set_pod_ready(client: &Client, namespace: &str, pod: &str, ready: b
     }
     // Container statuses are an atomic list: the whole list is sent back.
     let patch = serde_json::json!({ "status": { "conditions": conditions, "containerStatuses": containers } });
-    pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("marking pod {namespace}/{pod} ready={ready}: {e}"));
+    pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
 }
 
 /// Runs the real `kubectl` against the local control plane (admin kubeconfig), with `stdin`

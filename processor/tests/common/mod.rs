@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
@@ -18,9 +17,9 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_streamapp-processor");
 
 /// The processor tests start several processes each and count on Kafka's timeouts: run them
 /// one at a time, whatever the test runner's thread count.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
 }
 
 /// One application: its topics and configuration file.
@@ -302,11 +301,11 @@ impl Processor {
 
     /// Runs `streamapp-processor drain` against this processor (as the preStop hook does).
     pub fn drain(&mut self) -> std::process::Output {
-        let out = Command::new(BIN)
+        
+        Command::new(BIN)
             .args(["drain", "--port", &self.port.to_string(), "--timeout", "60s"])
             .output()
-            .expect("running drain");
-        out
+            .expect("running drain")
     }
 
     /// Waits for the process to exit; returns its exit code.

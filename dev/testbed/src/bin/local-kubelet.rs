@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, ResourceExt};
 use tracing::{info, warn};
@@ -43,6 +43,9 @@ struct Args {
     /// First local port handed out to processors and agents.
     #[arg(long, default_value_t = 18080)]
     base_port: u16,
+    /// Only run pods of this namespace (default: every namespace).
+    #[arg(long)]
+    namespace: Option<String>,
 }
 
 /// The local processes of one pod.
@@ -150,7 +153,11 @@ async fn sync(
     running: &mut BTreeMap<String, PodProcesses>,
     next_port: &mut u16,
 ) -> Result<()> {
-    let list = Api::<Pod>::all(client.clone()).list(&ListParams::default().labels("streamapp.dev/app")).await?;
+    let api: Api<Pod> = match &args.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let list = api.list(&ListParams::default().labels("streamapp.dev/app")).await?;
     let mut live = Vec::new();
     for pod in list.items {
         let key = format!("{}/{}/{}", pod.namespace().unwrap_or_default(), pod.name_any(), pod.uid().unwrap_or_default());
@@ -177,7 +184,7 @@ async fn sync(
         p.processor.ensure_running("processor")?;
         let ready = streamapp_api_ready(p.processor_port);
         if p.ready != Some(ready) {
-            set_ready(client, &p.namespace, &p.name, ready).await?;
+            testbed::kube::try_set_pod_ready(client, &p.namespace, &p.name, ready).await?;
             info!(pod = %p.name, ready, "readiness changed");
             p.ready = Some(ready);
         }
@@ -231,10 +238,7 @@ async fn prepare(client: &Client, kubeconfig: &Kubeconfig, args: &Args, pod: &Po
 
     // Volumes: the hostPath of the bound PersistentVolume of each claim.
     let state_dir = claim_host_path(client, &ns, &format!("state-{name}")).await?;
-    let wal_dir = match claim_host_path(client, &ns, &format!("wal-{name}")).await {
-        Ok(p) => Some(p),
-        Err(_) => None,
-    };
+    let wal_dir = claim_host_path(client, &ns, &format!("wal-{name}")).await.ok();
 
     let processor_port = *next_port;
     let agent_port = *next_port + 1;
@@ -368,37 +372,6 @@ async fn service_account_kubeconfig(client: &Client, admin: &Kubeconfig, ns: &st
     let path = dir.join("agent.kubeconfig");
     std::fs::write(&path, serde_json::to_string_pretty(&kc)?)?;
     Ok(path)
-}
-
-async fn set_ready(client: &Client, ns: &str, pod: &str, ready: bool) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let current = pods.get_status(pod).await?;
-    let status = current.status.unwrap_or_default();
-    let flag = if ready { "True" } else { "False" };
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
-    let mut conditions = status.conditions.unwrap_or_default();
-    for type_ in ["Ready", "ContainersReady"] {
-        match conditions.iter_mut().find(|c| c.type_ == type_) {
-            Some(c) if c.status == flag => {}
-            Some(c) => {
-                c.status = flag.into();
-                c.last_transition_time = Some(now.clone());
-            }
-            None => conditions.push(k8s_openapi::api::core::v1::PodCondition {
-                type_: type_.into(),
-                status: flag.into(),
-                last_transition_time: Some(now.clone()),
-                ..Default::default()
-            }),
-        }
-    }
-    let mut containers = status.container_statuses.unwrap_or_default();
-    for c in &mut containers {
-        c.ready = ready;
-    }
-    let patch = serde_json::json!({ "status": { "conditions": conditions, "containerStatuses": containers } });
-    pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    Ok(())
 }
 
 /// preStop (drain), then the processor, then the agent (a native sidecar stops last).

@@ -21,6 +21,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, ResourceExt};
 use serde_json::json;
+use streamapp_api::units::parse_quantity;
 use tracing::{info, warn};
 
 const PROVISIONER: &str = "streamapp.dev/local-provisioner";
@@ -159,7 +160,7 @@ async fn resize(
     let Some(want) = requested(claim) else { return Ok(()) };
     let have = claim.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).cloned();
     let Some(have) = have else { return Ok(()) }; // not bound yet
-    if bytes(&want)? <= bytes(&have)? {
+    if parse_quantity(&want.0).map_err(anyhow::Error::msg)? <= parse_quantity(&have.0).map_err(anyhow::Error::msg)? {
         return Ok(());
     }
     let ns = claim.namespace().unwrap_or_default();
@@ -175,25 +176,4 @@ async fn resize(
         .await?;
     info!(namespace = %ns, claim = %claim.name_any(), from = %have.0, to = %want.0, "expanded volume");
     Ok(())
-}
-
-/// A storage quantity in bytes (binary and decimal suffixes, as Kubernetes writes them).
-fn bytes(q: &Quantity) -> Result<u128> {
-    let s = q.0.trim();
-    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let n: f64 = num.parse().with_context(|| format!("quantity {s}"))?;
-    let mult: f64 = match suffix {
-        "" => 1.0,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        other => anyhow::bail!("unsupported quantity suffix {other} in {s}"),
-    };
-    Ok((n * mult) as u128)
 }
