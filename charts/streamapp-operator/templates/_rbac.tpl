@@ -1,0 +1,51 @@
+{{- /*
+What the operator does with StreamApps and the objects it owns (operator/src/reconcile.rs).
+Cluster-wide by default; a Role in watchNamespace when it watches one namespace.
+*/}}
+{{- define "streamapp-operator.rules" -}}
+{{- $manage := list "get" "list" "watch" "create" "patch" "update" "delete" -}}
+# Its own resource. patch/update are not used today but are harmless on a resource it owns.
+- apiGroups: ["streamapp.dev"]
+  resources: ["streamapps"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+# The aggregate status, applied server-side.
+- apiGroups: ["streamapp.dev"]
+  resources: ["streamapps/status"]
+  verbs: ["get", "patch", "update"]
+# Owner references with blockOwnerDeletion need update on the owner's finalizers.
+- apiGroups: ["streamapp.dev"]
+  resources: ["streamapps/finalizers"]
+  verbs: ["update"]
+# The owned objects.
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: {{ toJson $manage }}
+- apiGroups: [""]
+  resources: ["services", "configmaps", "serviceaccounts"]
+  verbs: {{ toJson $manage }}
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: {{ toJson $manage }}
+# The agent's Role and RoleBinding. RBAC lets the operator grant only what it holds itself,
+# and it does hold everything the agent Role grants (see operator/src/rbac.rs): get
+# streamapps, get/patch streamapps/status, create/patch events. No bind or escalate.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: {{ toJson $manage }}
+# Volumes grow by patching the claims (StatefulSets cannot change their templates).
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+{{- /* StorageClasses are cluster-scoped: read whether a class allows volume expansion. */}}
+{{- define "streamapp-operator.clusterRules" -}}
+- apiGroups: ["storage.k8s.io"]
+  resources: ["storageclasses"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
