@@ -30,16 +30,26 @@ pub fn read(path: &Path) -> std::io::Result<Option<Vec<CheckpointEntry>>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {what}", path.display()));
+    let bad = |what: &str| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: {what}", path.display()),
+        )
+    };
     let mut lines = text.lines();
     if lines.next() != Some("0") {
         return Err(bad("unknown checkpoint version"));
     }
-    let count: usize = lines.next().and_then(|l| l.parse().ok()).ok_or_else(|| bad("missing entry count"))?;
+    let count: usize = lines
+        .next()
+        .and_then(|l| l.parse().ok())
+        .ok_or_else(|| bad("missing entry count"))?;
     let entries = lines
         .map(|l| {
             let mut parts = l.split_whitespace();
-            let (Some(topic), Some(p), Some(o), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+            let (Some(topic), Some(p), Some(o), None) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
                 return Err(bad("malformed entry"));
             };
             Ok(CheckpointEntry {
@@ -85,11 +95,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(".checkpoint");
         let entries = vec![
-            CheckpointEntry { topic: "app-dedup-changelog".into(), partition: 3, offset: 42 },
-            CheckpointEntry { topic: "in".into(), partition: 3, offset: 100 },
+            CheckpointEntry {
+                topic: "app-dedup-changelog".into(),
+                partition: 3,
+                offset: 42,
+            },
+            CheckpointEntry {
+                topic: "in".into(),
+                partition: 3,
+                offset: 100,
+            },
         ];
         write(&path, &entries).unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0\n2\napp-dedup-changelog 3 42\nin 3 100\n");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "0\n2\napp-dedup-changelog 3 42\nin 3 100\n"
+        );
         assert_eq!(read(&path).unwrap(), Some(entries));
         remove(&path).unwrap();
         assert_eq!(read(&path).unwrap(), None);

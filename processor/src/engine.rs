@@ -30,16 +30,18 @@ use streamapp_api::health::{ProcessorPhase, RestoreProgress, StoreOpen, TaskHeal
 use tracing::{debug, error, info, warn};
 
 use crate::checkpoint::{self, CheckpointEntry};
-use crate::faults::{Faults, FAULT_HEADER};
+use crate::faults::{FAULT_HEADER, Faults};
 use crate::metrics::Metrics;
 use crate::restore::{Restorer, Step};
-use crate::shared::{now_ms, DrainOutcome, Shared};
+use crate::shared::{DrainOutcome, Shared, now_ms};
 use crate::store::{SharedMemory, StoreError, TaskStore};
 use crate::topology::{self, RecordView, Rejection};
 
 /// Timeout of each transactional call; retriable errors are retried until [`TXN_DEADLINE`].
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const TXN_DEADLINE: Duration = Duration::from_secs(120);
+/// How often task statistics (store size, WAL files) are refreshed for the health report.
+const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 /// Changelog records restored per loop iteration before the consumer is polled again.
 const RESTORE_STEP: usize = 50_000;
 
@@ -51,7 +53,10 @@ pub enum EngineError {
         "fenced: another processor with transactional.id {transactional_id} (the same pod identity) took over; \
          this instance stops so that only one writes ({detail})"
     )]
-    Fenced { transactional_id: String, detail: String },
+    Fenced {
+        transactional_id: String,
+        detail: String,
+    },
     /// The producer or consumer is unusable; the process restarts its engine (or exits).
     #[error("fatal Kafka error: {0}")]
     Fatal(String),
@@ -109,7 +114,8 @@ impl ProducerContext for DeliveryTracker {
             }
             Ok(_) => {}
             Err((e, m)) => {
-                *self.failure.lock().unwrap() = Some(format!("delivery to {} failed: {e}", m.topic()));
+                *self.failure.lock().unwrap() =
+                    Some(format!("delivery to {} failed: {e}", m.topic()));
             }
         }
     }
@@ -133,7 +139,12 @@ pub struct GroupContext {
 impl ClientContext for GroupContext {}
 
 impl ConsumerContext for GroupContext {
-    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
         let mut engine = self.engine.lock().unwrap();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
@@ -198,6 +209,7 @@ pub struct Engine {
     pending_error: Option<EngineError>,
     /// Quarantines per partition during this process's life (newest last, bounded).
     quarantines: BTreeMap<i32, Vec<streamapp_api::health::Quarantine>>,
+    last_publish: Instant,
     drained: bool,
 }
 
@@ -211,7 +223,10 @@ impl Engine {
         faults: Faults,
     ) -> Result<(Arc<Mutex<Engine>>, GroupConsumer), EngineError> {
         let fatal = |what: &str, e: KafkaError| EngineError::Fatal(format!("{what}: {e}"));
-        let tracker = DeliveryTracker { changelog_topic: cfg.changelog_topic.clone(), ..Default::default() };
+        let tracker = DeliveryTracker {
+            changelog_topic: cfg.changelog_topic.clone(),
+            ..Default::default()
+        };
         let producer: BaseProducer<DeliveryTracker> = cfg
             .client
             .clone()
@@ -224,10 +239,16 @@ impl Engine {
             .map_err(|e| fatal("creating the producer", e))?;
         // Aborts whatever a previous incarnation left open and fences it.
         retry_txn(&cfg, || producer.init_transactions(TXN_CALL_TIMEOUT)).map_err(|e| match e {
-            TxnError::Fenced(d) => EngineError::Fenced { transactional_id: cfg.transactional_id(), detail: d },
-            TxnError::Abortable(d) | TxnError::Fatal(d) => EngineError::Fatal(format!("init_transactions: {d}")),
+            TxnError::Fenced(d) => EngineError::Fenced {
+                transactional_id: cfg.transactional_id(),
+                detail: d,
+            },
+            TxnError::Abortable(d) | TxnError::Fatal(d) => {
+                EngineError::Fatal(format!("init_transactions: {d}"))
+            }
         })?;
-        let restorer = Restorer::new(&cfg.client, &cfg.changelog_topic).map_err(|e| fatal("creating the restore consumer", e))?;
+        let restorer = Restorer::new(&cfg.client, &cfg.changelog_topic)
+            .map_err(|e| fatal("creating the restore consumer", e))?;
         let memory = SharedMemory::new(&cfg.rocksdb);
         let engine = Arc::new(Mutex::new(Engine {
             cfg: cfg.clone(),
@@ -242,6 +263,7 @@ impl Engine {
             faults,
             pending_error: None,
             quarantines: BTreeMap::new(),
+            last_publish: Instant::now(),
             drained: false,
         }));
         let consumer: GroupConsumer = cfg
@@ -255,9 +277,13 @@ impl Engine {
             .set("auto.offset.reset", "earliest")
             .set("partition.assignment.strategy", "range")
             .set("queued.max.messages.kbytes", "16384")
-            .create_with_context(GroupContext { engine: engine.clone() })
+            .create_with_context(GroupContext {
+                engine: engine.clone(),
+            })
             .map_err(|e| fatal("creating the consumer", e))?;
-        consumer.subscribe(&[&cfg.input_topic]).map_err(|e| fatal("subscribing", e))?;
+        consumer
+            .subscribe(&[&cfg.input_topic])
+            .map_err(|e| fatal("subscribing", e))?;
         Ok((engine, consumer))
     }
 
@@ -302,10 +328,12 @@ impl Engine {
             self.pending_error = Some(e);
         }
         for (p, task) in std::mem::take(&mut self.tasks) {
-            if matches!(task.phase, TaskPhase::Active) && !lost
-                && let Err(e) = self.close_cleanly(&task) {
-                    warn!(partition = p, error = %e, "could not flush and checkpoint a revoked task");
-                }
+            if matches!(task.phase, TaskPhase::Active)
+                && !lost
+                && let Err(e) = self.close_cleanly(&task)
+            {
+                warn!(partition = p, error = %e, "could not flush and checkpoint a revoked task");
+            }
             self.suspended.insert(p, task.store);
         }
         self.restorer.finish();
@@ -319,7 +347,10 @@ impl Engine {
     fn open_store(&mut self, partition: i32) -> Result<(TaskStore, StoreOpen), EngineError> {
         let state = &self.shared.state_dir;
         let existed = state.store_dir(partition).join("CURRENT").exists();
-        let clean = checkpoint::read(&state.checkpoint_file(partition)).ok().flatten().is_some();
+        let clean = checkpoint::read(&state.checkpoint_file(partition))
+            .ok()
+            .flatten()
+            .is_some();
         let opened = self.open_and_verify(partition, existed && !clean);
         match opened {
             Ok(store) => Ok((
@@ -356,17 +387,29 @@ impl Engine {
         Ok(store)
     }
 
-    fn quarantine_and_recreate(&mut self, partition: i32, reason: &str) -> Result<TaskStore, EngineError> {
-        error!(partition, reason, "state store damaged: quarantining it and rebuilding from the changelog");
+    fn quarantine_and_recreate(
+        &mut self,
+        partition: i32,
+        reason: &str,
+    ) -> Result<TaskStore, EngineError> {
+        error!(
+            partition,
+            reason, "state store damaged: quarantining it and rebuilding from the changelog"
+        );
         let q = crate::quarantine::quarantine(&self.shared.state_dir, partition, reason, now_ms())
-            .map_err(|e| EngineError::Store(format!("quarantining the store of partition {partition}: {e}")))?;
+            .map_err(|e| {
+                EngineError::Store(format!(
+                    "quarantining the store of partition {partition}: {e}"
+                ))
+            })?;
         self.metrics.quarantines.inc();
         let list = self.quarantines.entry(partition).or_default();
         list.push(q);
         if list.len() > crate::quarantine::KEEP {
             list.remove(0);
         }
-        self.open_and_verify(partition, false).map_err(|e| EngineError::Store(e.to_string()))
+        self.open_and_verify(partition, false)
+            .map_err(|e| EngineError::Store(e.to_string()))
     }
 
     fn add_restoring_task(&mut self, partition: i32, store: TaskStore, opened: StoreOpen) {
@@ -381,7 +424,9 @@ impl Engine {
             Task {
                 partition,
                 store,
-                phase: TaskPhase::Restoring { started: Instant::now() },
+                phase: TaskPhase::Restoring {
+                    started: Instant::now(),
+                },
                 staged: Default::default(),
                 position: None,
                 committed: None,
@@ -397,9 +442,14 @@ impl Engine {
     /// Sets the consumer's local assignment to the active tasks, each at its position.
     fn reassign(&mut self, consumer: &GroupConsumer) {
         let mut tpl = TopicPartitionList::new();
-        for task in self.tasks.values().filter(|t| matches!(t.phase, TaskPhase::Active)) {
+        for task in self
+            .tasks
+            .values()
+            .filter(|t| matches!(t.phase, TaskPhase::Active))
+        {
             let offset = task.position.map_or(Offset::Beginning, Offset::Offset);
-            tpl.add_partition_offset(&self.cfg.input_topic, task.partition, offset).expect("valid partition");
+            tpl.add_partition_offset(&self.cfg.input_topic, task.partition, offset)
+                .expect("valid partition");
         }
         if let Err(e) = consumer.assign(&tpl) {
             self.pending_error = Some(EngineError::Fatal(format!("assigning partitions: {e}")));
@@ -415,13 +465,23 @@ impl Engine {
         }
         self.producer.poll(Duration::ZERO);
         self.restore_step()?;
-        if self.tasks.values().any(|t| matches!(t.phase, TaskPhase::Restored)) {
+        if self
+            .tasks
+            .values()
+            .any(|t| matches!(t.phase, TaskPhase::Restored))
+        {
             self.activate_restored(consumer)?;
         }
-        if self.txn_started.is_some_and(|t| t.elapsed() >= self.cfg.commit_interval) {
+        if self
+            .txn_started
+            .is_some_and(|t| t.elapsed() >= self.cfg.commit_interval)
+        {
             self.commit(consumer)?;
         }
-        self.publish_tasks(false);
+        // Task statistics list the store's directory: refresh them on a timer, not per record.
+        if self.last_publish.elapsed() >= PUBLISH_INTERVAL {
+            self.publish_tasks(false);
+        }
         match self.pending_error.take() {
             Some(e) => Err(e),
             None => Ok(()),
@@ -456,8 +516,12 @@ impl Engine {
                 progress.records_restored += n;
                 task.health.store_changelog_offset = task.store.meta().changelog_offset;
                 if step == Step::Done {
-                    let TaskPhase::Restoring { started } = task.phase else { unreachable!() };
-                    self.metrics.restore_seconds.inc_by(started.elapsed().as_secs_f64());
+                    let TaskPhase::Restoring { started } = task.phase else {
+                        unreachable!()
+                    };
+                    self.metrics
+                        .restore_seconds
+                        .inc_by(started.elapsed().as_secs_f64());
                     progress.finished_at_ms = Some(now_ms());
                     info!(
                         partition = p,
@@ -499,10 +563,12 @@ impl Engine {
             .committed_offsets(tpl, Duration::from_secs(30))
             .map_err(|e| EngineError::Fatal(format!("fetching committed offsets: {e}")))?;
         for &p in &restored {
-            let offset = committed.find_partition(&self.cfg.input_topic, p).and_then(|e| match e.offset() {
-                Offset::Offset(o) => Some(o),
-                _ => None,
-            });
+            let offset = committed
+                .find_partition(&self.cfg.input_topic, p)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                });
             let task = self.tasks.get_mut(&p).expect("task exists");
             task.position = offset;
             task.committed = offset;
@@ -510,12 +576,18 @@ impl Engine {
             task.phase = TaskPhase::Active;
             // Invariant 3: the checkpoint vouches for a stopped store only.
             if let Err(e) = checkpoint::remove(&self.shared.state_dir.checkpoint_file(p)) {
-                return Err(EngineError::Store(format!("removing the checkpoint of partition {p}: {e}")));
+                return Err(EngineError::Store(format!(
+                    "removing the checkpoint of partition {p}: {e}"
+                )));
             }
             info!(partition = p, offset = ?offset, "task active");
         }
         self.reassign(consumer);
-        if self.tasks.values().all(|t| matches!(t.phase, TaskPhase::Active)) {
+        if self
+            .tasks
+            .values()
+            .all(|t| matches!(t.phase, TaskPhase::Active))
+        {
             self.shared.set_ready(true);
             self.shared.set_phase(ProcessorPhase::Running);
         }
@@ -526,10 +598,18 @@ impl Engine {
     // ---- processing ----------------------------------------------------------------------
 
     /// Processes one input record inside the open transaction.
-    pub fn process(&mut self, consumer: &GroupConsumer, m: &BorrowedMessage<'_>) -> Result<(), EngineError> {
+    pub fn process(
+        &mut self,
+        consumer: &GroupConsumer,
+        m: &BorrowedMessage<'_>,
+    ) -> Result<(), EngineError> {
         let p = m.partition();
-        let Some(task) = self.tasks.get_mut(&p) else { return Ok(()) };
-        if !matches!(task.phase, TaskPhase::Active) || task.position.is_some_and(|pos| m.offset() < pos) {
+        let Some(task) = self.tasks.get_mut(&p) else {
+            return Ok(());
+        };
+        if !matches!(task.phase, TaskPhase::Active)
+            || task.position.is_some_and(|pos| m.offset() < pos)
+        {
             // Fetched before a rewind or reassignment: it will come again in order.
             return Ok(());
         }
@@ -559,8 +639,14 @@ impl Engine {
 
     fn process_record(&mut self, p: i32, m: &BorrowedMessage<'_>) -> Result<(), RecordError> {
         let headers = m.headers();
-        let header = |name: &str| -> Option<&[u8]> { headers.and_then(|h| h.iter().find(|x| x.key == name)?.value) };
-        let view = RecordView { key: m.key(), value: m.payload(), header: &header };
+        let header = |name: &str| -> Option<&[u8]> {
+            headers.and_then(|h| h.iter().find(|x| x.key == name)?.value)
+        };
+        let view = RecordView {
+            key: m.key(),
+            value: m.payload(),
+            header: &header,
+        };
         let id = match topology::extract_id(&view, &self.cfg.dedup_id, self.cfg.max_value_bytes) {
             Ok(id) => id,
             Err(rejection) => return self.send_dead_letter(m, &rejection),
@@ -569,7 +655,10 @@ impl Engine {
         let task = self.tasks.get_mut(&p).expect("task exists");
         let first_seen = match task.staged.puts.get(&id) {
             Some(t) => Some(*t),
-            None => task.store.first_seen(&id).map_err(|e| RecordError::Store(e.to_string()))?,
+            None => task
+                .store
+                .first_seen(&id)
+                .map_err(|e| RecordError::Store(e.to_string()))?,
         };
         if topology::is_duplicate(first_seen, time, self.cfg.retention.as_millis() as i64) {
             self.metrics.duplicates.inc();
@@ -580,11 +669,19 @@ impl Engine {
         }
         task.staged.put(&id, time);
         let changelog = self.cfg.changelog_topic.clone();
-        self.send(&changelog, Some(p), Some(&id), Some(&time.to_be_bytes()), OwnedHeaders::new())?;
+        self.send(
+            &changelog,
+            Some(p),
+            Some(&id),
+            Some(&time.to_be_bytes()),
+            OwnedHeaders::new(),
+        )?;
         // The downstream `enrich` stage: the place where a failure after the put would leave
         // an aborted write in a store that applied writes eagerly.
         if self.faults.after_put(header(FAULT_HEADER)).is_err() {
-            return Err(RecordError::Retry("injected failure in the enrich stage".into()));
+            return Err(RecordError::Retry(
+                "injected failure in the enrich stage".into(),
+            ));
         }
         let output = self.cfg.output_topic.clone();
         self.send(&output, None, m.key(), m.payload(), with_id(headers, &id))?;
@@ -592,10 +689,17 @@ impl Engine {
         Ok(())
     }
 
-    fn send_dead_letter(&mut self, m: &BorrowedMessage<'_>, why: &Rejection) -> Result<(), RecordError> {
+    fn send_dead_letter(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        why: &Rejection,
+    ) -> Result<(), RecordError> {
         warn!(partition = m.partition(), offset = m.offset(), reason = why.code(), detail = %why.detail(), "record to the dead-letter topic");
         let mut headers = copy_headers(m.headers())
-            .insert(Header { key: topology::DLQ_REASON_HEADER, value: Some(why.code()) })
+            .insert(Header {
+                key: topology::DLQ_REASON_HEADER,
+                value: Some(why.code()),
+            })
             .insert(Header {
                 key: topology::DLQ_SOURCE_HEADER,
                 value: Some(&format!("{}/{}/{}", m.topic(), m.partition(), m.offset())),
@@ -605,11 +709,19 @@ impl Engine {
             // Keep the dead letter within the size that is known to fit; the original stays in
             // the input topic at the offset in the source header.
             value = value.map(|v| &v[..(*max as usize).min(v.len())]);
-            headers = headers.insert(Header { key: topology::DLQ_ORIGINAL_SIZE_HEADER, value: Some(&size.to_string()) });
+            headers = headers.insert(Header {
+                key: topology::DLQ_ORIGINAL_SIZE_HEADER,
+                value: Some(&size.to_string()),
+            });
         }
         let topic = self.cfg.dead_letter_topic.clone();
         self.send(&topic, None, m.key(), value, headers)?;
-        self.metrics.dead_letters.get_or_create(&crate::metrics::ReasonLabel { reason: why.code().into() }).inc();
+        self.metrics
+            .dead_letters
+            .get_or_create(&crate::metrics::ReasonLabel {
+                reason: why.code().into(),
+            })
+            .inc();
         Ok(())
     }
 
@@ -638,14 +750,21 @@ impl Engine {
                     record = r;
                     self.producer.poll(Duration::from_millis(50));
                 }
-                Err((e, _)) => return Err(RecordError::Retry(format!("producing to {topic}: {e}"))),
+                Err((e, _)) => {
+                    return Err(RecordError::Retry(format!("producing to {topic}: {e}")));
+                }
             }
         }
     }
 
     /// A store failed while processing: quarantine it and restore it again; the task rejoins
     /// the assignment once rebuilt.
-    fn rebuild_task(&mut self, consumer: &GroupConsumer, p: i32, reason: &str) -> Result<(), EngineError> {
+    fn rebuild_task(
+        &mut self,
+        consumer: &GroupConsumer,
+        p: i32,
+        reason: &str,
+    ) -> Result<(), EngineError> {
         self.tasks.remove(&p);
         let store = self.quarantine_and_recreate(p, reason)?;
         self.add_restoring_task(p, store, StoreOpen::Rebuilt);
@@ -658,7 +777,9 @@ impl Engine {
     /// Commits the open transaction and applies its writes to the stores. An abortable error
     /// aborts instead (writes dropped, consumer rewound); only fatal errors are returned.
     pub fn commit(&mut self, consumer: &GroupConsumer) -> Result<(), EngineError> {
-        let Some(started) = self.txn_started else { return Ok(()) };
+        let Some(started) = self.txn_started else {
+            return Ok(());
+        };
         let commit_start = Instant::now();
         let failure = self.producer.context().failure.lock().unwrap().clone();
         if let Some(failure) = failure {
@@ -668,7 +789,13 @@ impl Engine {
         let mut positions = TopicPartitionList::new();
         for task in self.tasks.values().filter(|t| t.dirty) {
             if let Some(pos) = task.position {
-                positions.add_partition_offset(&self.cfg.input_topic, task.partition, Offset::Offset(pos)).expect("valid");
+                positions
+                    .add_partition_offset(
+                        &self.cfg.input_topic,
+                        task.partition,
+                        Offset::Offset(pos),
+                    )
+                    .expect("valid");
             }
         }
         let Some(group) = consumer.group_metadata() else {
@@ -676,9 +803,14 @@ impl Engine {
             return Ok(());
         };
         let sent = retry_txn(&self.cfg, || {
-            self.producer.send_offsets_to_transaction(&positions, &group, TXN_CALL_TIMEOUT)
+            self.producer
+                .send_offsets_to_transaction(&positions, &group, TXN_CALL_TIMEOUT)
         });
-        let committed = sent.and_then(|()| retry_txn(&self.cfg, || self.producer.commit_transaction(TXN_CALL_TIMEOUT)));
+        let committed = sent.and_then(|()| {
+            retry_txn(&self.cfg, || {
+                self.producer.commit_transaction(TXN_CALL_TIMEOUT)
+            })
+        });
         match committed {
             Ok(()) => {}
             Err(TxnError::Abortable(why)) => {
@@ -686,7 +818,10 @@ impl Engine {
                 return Ok(());
             }
             Err(TxnError::Fenced(d)) => {
-                return Err(EngineError::Fenced { transactional_id: self.cfg.transactional_id(), detail: d });
+                return Err(EngineError::Fenced {
+                    transactional_id: self.cfg.transactional_id(),
+                    detail: d,
+                });
             }
             Err(TxnError::Fatal(d)) => return Err(EngineError::Fatal(format!("commit: {d}"))),
         }
@@ -715,8 +850,13 @@ impl Engine {
         for (p, reason) in damaged {
             self.rebuild_task(consumer, p, &reason)?;
         }
-        self.metrics.commit_seconds.observe(commit_start.elapsed().as_secs_f64());
-        debug!(txn_ms = started.elapsed().as_millis() as u64, "transaction committed");
+        self.metrics
+            .commit_seconds
+            .observe(commit_start.elapsed().as_secs_f64());
+        debug!(
+            txn_ms = started.elapsed().as_millis() as u64,
+            "transaction committed"
+        );
         Ok(())
     }
 
@@ -736,8 +876,13 @@ impl Engine {
             self.producer.abort_transaction(TXN_CALL_TIMEOUT)
         }) {
             self.pending_error = Some(match e {
-                TxnError::Fenced(d) => EngineError::Fenced { transactional_id: self.cfg.transactional_id(), detail: d },
-                TxnError::Abortable(d) | TxnError::Fatal(d) => EngineError::Fatal(format!("abort: {d}")),
+                TxnError::Fenced(d) => EngineError::Fenced {
+                    transactional_id: self.cfg.transactional_id(),
+                    detail: d,
+                },
+                TxnError::Abortable(d) | TxnError::Fatal(d) => {
+                    EngineError::Fatal(format!("abort: {d}"))
+                }
             });
         }
         self.producer.context().clear();
@@ -748,7 +893,12 @@ impl Engine {
                 task.dirty = false;
                 if matches!(task.phase, TaskPhase::Active) {
                     let offset = task.committed.map_or(Offset::Beginning, Offset::Offset);
-                    if let Err(e) = consumer.seek(&self.cfg.input_topic, task.partition, offset, Duration::from_secs(10)) {
+                    if let Err(e) = consumer.seek(
+                        &self.cfg.input_topic,
+                        task.partition,
+                        offset,
+                        Duration::from_secs(10),
+                    ) {
                         warn!(partition = task.partition, error = %e, "seek after abort failed; reassigning");
                     }
                 }
@@ -760,8 +910,13 @@ impl Engine {
 
     fn classify_fatal(&self, what: &str, e: KafkaError) -> EngineError {
         match classify(&e) {
-            TxnError::Fenced(d) => EngineError::Fenced { transactional_id: self.cfg.transactional_id(), detail: d },
-            TxnError::Abortable(d) | TxnError::Fatal(d) => EngineError::Fatal(format!("{what}: {d}")),
+            TxnError::Fenced(d) => EngineError::Fenced {
+                transactional_id: self.cfg.transactional_id(),
+                detail: d,
+            },
+            TxnError::Abortable(d) | TxnError::Fatal(d) => {
+                EngineError::Fatal(format!("{what}: {d}"))
+            }
         }
     }
 
@@ -776,7 +931,11 @@ impl Engine {
         if let Err(e) = self.commit(consumer) {
             return DrainOutcome::Failed(e.to_string());
         }
-        for task in self.tasks.values().filter(|t| matches!(t.phase, TaskPhase::Active)) {
+        for task in self
+            .tasks
+            .values()
+            .filter(|t| matches!(t.phase, TaskPhase::Active))
+        {
             if let Err(e) = self.close_cleanly(task) {
                 return DrainOutcome::Failed(e);
             }
@@ -797,27 +956,57 @@ impl Engine {
         task.store.flush().map_err(|e| e.to_string())?;
         let mut entries = Vec::new();
         if let Some(o) = task.store.meta().changelog_offset {
-            entries.push(CheckpointEntry { topic: self.cfg.changelog_topic.clone(), partition: task.partition, offset: o });
+            entries.push(CheckpointEntry {
+                topic: self.cfg.changelog_topic.clone(),
+                partition: task.partition,
+                offset: o,
+            });
         }
         if let Some(o) = task.committed {
-            entries.push(CheckpointEntry { topic: self.cfg.input_topic.clone(), partition: task.partition, offset: o });
+            entries.push(CheckpointEntry {
+                topic: self.cfg.input_topic.clone(),
+                partition: task.partition,
+                offset: o,
+            });
         }
-        checkpoint::write(&self.shared.state_dir.checkpoint_file(task.partition), &entries)
-            .map_err(|e| format!("writing the checkpoint of partition {}: {e}", task.partition))
+        checkpoint::write(
+            &self.shared.state_dir.checkpoint_file(task.partition),
+            &entries,
+        )
+        .map_err(|e| {
+            format!(
+                "writing the checkpoint of partition {}: {e}",
+                task.partition
+            )
+        })
     }
 
     /// Refreshes the tasks in the health report (store sizes, WAL files, changelog end).
     fn publish_tasks(&mut self, force: bool) {
+        self.last_publish = Instant::now();
         let mut reports = Vec::new();
         for task in self.tasks.values_mut() {
             let label = Metrics::partition(task.partition);
             task.health.store_keys = task.store.estimated_keys();
             task.health.store_bytes = task.store.sst_bytes();
             task.health.wal = crate::state_dir::wal_files(task.store.wal_dir());
-            self.metrics.store_keys.get_or_create(&label).set(task.health.store_keys as i64);
-            self.metrics.store_bytes.get_or_create(&label).set(task.health.store_bytes as i64);
-            self.metrics.wal_bytes.get_or_create(&label).set(task.health.wal.bytes as i64);
-            task.health.quarantines = self.quarantines.get(&task.partition).cloned().unwrap_or_default();
+            self.metrics
+                .store_keys
+                .get_or_create(&label)
+                .set(task.health.store_keys as i64);
+            self.metrics
+                .store_bytes
+                .get_or_create(&label)
+                .set(task.health.store_bytes as i64);
+            self.metrics
+                .wal_bytes
+                .get_or_create(&label)
+                .set(task.health.wal.bytes as i64);
+            task.health.quarantines = self
+                .quarantines
+                .get(&task.partition)
+                .cloned()
+                .unwrap_or_default();
             reports.push(task.health.clone());
         }
         self.shared.update(force, |h| h.tasks = reports);
@@ -830,7 +1019,8 @@ impl Engine {
             if let Ok(end) = self.restorer.end_offset(task.partition) {
                 // Right after our own commit the log ends with its marker, which holds no
                 // data: the store is caught up, not one record behind.
-                let caught_up = task.at_commit_marker && task.store.meta().changelog_offset == Some(end - 1);
+                let caught_up =
+                    task.at_commit_marker && task.store.meta().changelog_offset == Some(end - 1);
                 task.health.changelog_end_offset = Some(if caught_up { end - 1 } else { end });
             }
         }
@@ -866,7 +1056,10 @@ fn copy_headers(headers: Option<&rdkafka::message::BorrowedHeaders>) -> OwnedHea
 }
 
 fn with_id(headers: Option<&rdkafka::message::BorrowedHeaders>, id: &[u8]) -> OwnedHeaders {
-    copy_headers(headers).insert(Header { key: topology::DEDUP_ID_HEADER, value: Some(id) })
+    copy_headers(headers).insert(Header {
+        key: topology::DEDUP_ID_HEADER,
+        value: Some(id),
+    })
 }
 
 /// The three ways a transactional call can fail, as librdkafka classifies them.
@@ -883,13 +1076,20 @@ fn classify(e: &KafkaError) -> TxnError {
     let code = e.rdkafka_error_code();
     if matches!(
         code,
-        Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch | RDKafkaErrorCode::FencedInstanceId)
+        Some(
+            RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::FencedInstanceId
+        )
     ) {
         return TxnError::Fenced(e.to_string());
     }
     match e {
         KafkaError::Transaction(t) if t.is_fatal() => {
-            if matches!(t.code(), RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced) {
+            if matches!(
+                t.code(),
+                RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced
+            ) {
                 TxnError::Fenced(t.to_string())
             } else {
                 TxnError::Fatal(t.to_string())
@@ -903,7 +1103,10 @@ fn classify(e: &KafkaError) -> TxnError {
 /// Calls a transactional function until it succeeds or fails for a reason other than a
 /// retriable one (timeouts included: the operation continues in the background and calling
 /// again is how to wait for it).
-fn retry_txn(cfg: &EngineConfig, mut f: impl FnMut() -> Result<(), KafkaError>) -> Result<(), TxnError> {
+fn retry_txn(
+    cfg: &EngineConfig,
+    mut f: impl FnMut() -> Result<(), KafkaError>,
+) -> Result<(), TxnError> {
     let deadline = Instant::now() + TXN_DEADLINE;
     loop {
         match f() {

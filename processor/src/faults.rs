@@ -25,7 +25,9 @@ pub enum Injected {
 
 impl Faults {
     pub fn from_env() -> Self {
-        std::env::var(ENV).map(|v| Self::parse(&v)).unwrap_or_default()
+        std::env::var(ENV)
+            .map(|v| Self::parse(&v))
+            .unwrap_or_default()
     }
 
     pub fn parse(spec: &str) -> Self {
@@ -41,8 +43,12 @@ impl Faults {
 
     /// Called by the `enrich` stage after the store put. Dies for `crash-after-put`.
     pub fn after_put(&mut self, requested: Option<&[u8]>) -> Result<(), Injected> {
-        let Some(name) = requested.and_then(|r| std::str::from_utf8(r).ok()) else { return Ok(()) };
-        let Some(left) = self.budget.get_mut(name).filter(|n| **n > 0) else { return Ok(()) };
+        let Some(name) = requested.and_then(|r| std::str::from_utf8(r).ok()) else {
+            return Ok(());
+        };
+        let Some(left) = self.budget.get_mut(name).filter(|n| **n > 0) else {
+            return Ok(());
+        };
         *left -= 1;
         match name {
             "crash-after-put" => {

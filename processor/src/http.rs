@@ -8,11 +8,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use axum::Router;
 use prometheus_client::registry::Registry;
 use streamapp_api::probe;
 
@@ -38,40 +38,76 @@ pub async fn serve(
         .route(probe::HEALTHZ, get(|| async { "ok" }))
         .route(probe::READYZ, get(ready))
         .route(probe::DRAIN, post(drain))
-        .with_state(AppState { shared, registry, drain_token, drain_timeout });
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
+        .with_state(AppState {
+            shared,
+            registry,
+            drain_token,
+            drain_timeout,
+        });
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     let mut body = String::new();
     prometheus_client::encoding::text::encode(&mut body, &s.registry).expect("metrics encode");
-    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+    (
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
 }
 
 async fn ready(State(s): State<AppState>) -> impl IntoResponse {
     if s.shared.is_ready() {
         (StatusCode::OK, "ready".to_string())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {:?}", s.shared.health().phase))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {:?}", s.shared.health().phase),
+        )
     }
 }
 
-async fn drain(State(s): State<AppState>, ConnectInfo(peer): ConnectInfo<SocketAddr>, headers: HeaderMap) -> impl IntoResponse {
+async fn drain(
+    State(s): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> impl IntoResponse {
     let token_ok = s.drain_token.as_deref().is_some_and(|t| {
         headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {t}"))
     });
     if !peer.ip().is_loopback() && !token_ok {
-        return (StatusCode::FORBIDDEN, "drain is only allowed from the pod itself or with the drain token".to_string());
+        return (
+            StatusCode::FORBIDDEN,
+            "drain is only allowed from the pod itself or with the drain token".to_string(),
+        );
     }
     let mut outcome = s.shared.request_drain();
     let waited = tokio::time::timeout(s.drain_timeout, outcome.wait_for(Option::is_some)).await;
     match waited {
         Ok(Ok(o)) => match o.clone() {
-            Some(DrainOutcome::Drained { duration_ms }) => (StatusCode::OK, format!("drained in {duration_ms} ms")),
-            Some(DrainOutcome::Failed(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("drain failed: {e}")),
+            Some(DrainOutcome::Drained { duration_ms }) => {
+                (StatusCode::OK, format!("drained in {duration_ms} ms"))
+            }
+            Some(DrainOutcome::Failed(e)) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("drain failed: {e}"),
+            ),
             None => unreachable!("waited for Some"),
         },
-        Ok(Err(_)) => (StatusCode::INTERNAL_SERVER_ERROR, "the processor stopped before draining".into()),
-        Err(_) => (StatusCode::GATEWAY_TIMEOUT, format!("drain did not finish within {:?}", s.drain_timeout)),
+        Ok(Err(_)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the processor stopped before draining".into(),
+        ),
+        Err(_) => (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("drain did not finish within {:?}", s.drain_timeout),
+        ),
     }
 }

@@ -6,7 +6,7 @@ use serde::Serialize;
 use streamapp_api::health::{ProcessorHealth, WalFiles};
 
 use crate::checkpoint::{self, CheckpointEntry};
-use crate::state_dir::{wal_files, StateDir};
+use crate::state_dir::{StateDir, wal_files};
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -46,7 +46,9 @@ pub struct QuarantineReport {
 
 pub fn inspect(root: &Path, wal_root: Option<&Path>) -> Report {
     let state = StateDir::new(root, wal_root.map(Path::to_path_buf));
-    let health = std::fs::read(state.health_file()).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let health = std::fs::read(state.health_file())
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
     let tasks = state
         .task_partitions()
         .into_iter()
@@ -54,7 +56,17 @@ pub fn inspect(root: &Path, wal_root: Option<&Path>) -> Report {
             let checkpoint = checkpoint::read(&state.checkpoint_file(p))
                 .ok()
                 .flatten()
-                .map(|es| es.into_iter().map(|CheckpointEntry { topic, partition, offset }| (topic, partition, offset)).collect());
+                .map(|es| {
+                    es.into_iter()
+                        .map(
+                            |CheckpointEntry {
+                                 topic,
+                                 partition,
+                                 offset,
+                             }| (topic, partition, offset),
+                        )
+                        .collect()
+                });
             let wal = wal_files(&state.wal_files_dir(p));
             match crate::store::open_read_only(&state.store_dir(p), state.wal_dir(p).as_deref()) {
                 Ok(s) => TaskReport {
@@ -86,9 +98,19 @@ pub fn inspect(root: &Path, wal_root: Option<&Path>) -> Report {
         .collect();
     let quarantines = crate::quarantine::list(&state.quarantine_dir())
         .into_iter()
-        .map(|(path, partition, at_ms, reason)| QuarantineReport { path: path.display().to_string(), partition, at_ms, reason })
+        .map(|(path, partition, at_ms, reason)| QuarantineReport {
+            path: path.display().to_string(),
+            partition,
+            at_ms,
+            reason,
+        })
         .collect();
-    Report { state_dir: root.display().to_string(), health, tasks, quarantines }
+    Report {
+        state_dir: root.display().to_string(),
+        health,
+        tasks,
+        quarantines,
+    }
 }
 
 /// The report as a human reads it.
@@ -99,7 +121,8 @@ pub fn render(r: &Report) -> String {
             "processor: pod {} phase {:?} previous shutdown clean: {}\n",
             h.pod,
             h.phase,
-            h.previous_shutdown_clean.map_or("unknown".into(), |c| c.to_string())
+            h.previous_shutdown_clean
+                .map_or("unknown".into(), |c| c.to_string())
         );
     }
     out += "tasks:\n  partition  changelog-offset  input-offset  ids       sst-bytes  wal-files  wal-bytes  checkpoint\n";
@@ -107,7 +130,11 @@ pub fn render(r: &Report) -> String {
         let opt = |o: Option<i64>| o.map_or("-".into(), |v| v.to_string());
         let cp = match &t.checkpoint {
             None => "none".to_string(),
-            Some(es) => es.iter().map(|(t, p, o)| format!("{t}/{p}@{o}")).collect::<Vec<_>>().join(" "),
+            Some(es) => es
+                .iter()
+                .map(|(t, p, o)| format!("{t}/{p}@{o}"))
+                .collect::<Vec<_>>()
+                .join(" "),
         };
         out += &format!(
             "  {:<9}  {:<16}  {:<12}  {:<8}  {:<9}  {:<9}  {:<9}  {}\n",
@@ -126,7 +153,10 @@ pub fn render(r: &Report) -> String {
     }
     out += &format!("quarantines: {}\n", r.quarantines.len());
     for q in &r.quarantines {
-        out += &format!("  partition {} at {} ms: {} ({})\n", q.partition, q.at_ms, q.reason, q.path);
+        out += &format!(
+            "  partition {} at {} ms: {} ({})\n",
+            q.partition, q.at_ms, q.reason, q.path
+        );
     }
     out
 }

@@ -17,7 +17,7 @@ use streamapp_api::config::ProcessorConfig;
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase};
 use streamapp_api::units::parse_duration;
 use streamapp_processor::engine::{Engine, EngineConfig, EngineError};
-use streamapp_processor::shared::{now_ms, Shared};
+use streamapp_processor::shared::{Shared, now_ms};
 use streamapp_processor::state_dir::StateDir;
 use streamapp_processor::{changelog, checkpoint, faults::Faults, http, inspect, metrics::Metrics};
 use tracing::{error, info, warn};
@@ -28,7 +28,11 @@ const EXIT_CONFIG: u8 = 2;
 const EXIT_FENCED: u8 = 3;
 
 #[derive(Parser)]
-#[command(name = "streamapp-processor", version, about = "Exactly-once Kafka dedup processor with a crash-safe RocksDB store")]
+#[command(
+    name = "streamapp-processor",
+    version,
+    about = "Exactly-once Kafka dedup processor with a crash-safe RocksDB store"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -97,16 +101,26 @@ struct RunArgs {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,librdkafka=warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,librdkafka=warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
         Command::Run(args) => run(args),
         Command::Drain { port, timeout } => drain(port, timeout),
-        Command::Inspect { state_dir, wal_dir, json } => {
+        Command::Inspect {
+            state_dir,
+            wal_dir,
+            json,
+        } => {
             let report = inspect::inspect(&state_dir, wal_dir.as_deref());
             if json {
-                println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).expect("report serialises")
+                );
             } else {
                 print!("{}", inspect::render(&report));
             }
@@ -140,9 +154,10 @@ fn drain(port: u16, timeout: Duration) -> ExitCode {
 
 /// The configuration file with flags and environment applied, validated.
 fn load_config(args: &RunArgs) -> anyhow::Result<ProcessorConfig> {
-    let text = std::fs::read_to_string(&args.config).with_context(|| format!("reading {}", args.config.display()))?;
-    let mut config: ProcessorConfig =
-        serde_yaml::from_str(&text).with_context(|| format!("invalid configuration file {}", args.config.display()))?;
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("reading {}", args.config.display()))?;
+    let mut config: ProcessorConfig = serde_yaml::from_str(&text)
+        .with_context(|| format!("invalid configuration file {}", args.config.display()))?;
     if let Some(d) = &args.state_dir {
         config.state_dir = d.clone();
     }
@@ -174,8 +189,14 @@ fn client_config(config: &ProcessorConfig, args: &RunArgs) -> ClientConfig {
     if let Some(dir) = &args.kafka_tls_dir {
         client.set("ssl.ca.location", dir.join("ca.crt").display().to_string());
         if dir.join("tls.crt").exists() && dir.join("tls.key").exists() {
-            client.set("ssl.certificate.location", dir.join("tls.crt").display().to_string());
-            client.set("ssl.key.location", dir.join("tls.key").display().to_string());
+            client.set(
+                "ssl.certificate.location",
+                dir.join("tls.crt").display().to_string(),
+            );
+            client.set(
+                "ssl.key.location",
+                dir.join("tls.key").display().to_string(),
+            );
         }
     }
     client
@@ -191,9 +212,15 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     let (topology, rocksdb) = config.validate().expect("validated in load_config");
-    let state = StateDir::new(&config.state_dir, config.wal_dir.as_ref().map(PathBuf::from));
+    let state = StateDir::new(
+        &config.state_dir,
+        config.wal_dir.as_ref().map(PathBuf::from),
+    );
     if let Err(e) = std::fs::create_dir_all(state.root()) {
-        eprintln!("streamapp-processor: cannot create the state dir {}: {e}", state.root().display());
+        eprintln!(
+            "streamapp-processor: cannot create the state dir {}: {e}",
+            state.root().display()
+        );
         return ExitCode::from(EXIT_FAILED);
     }
     let mut health = ProcessorHealth::new(&args.pod_name, &config.application_id, now_ms());
@@ -209,20 +236,35 @@ fn run(args: RunArgs) -> ExitCode {
     shared.set_phase(ProcessorPhase::Starting);
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
 
     let drain_timeout = parse_duration(&config.drain_timeout).expect("validated");
-    let listener = match runtime.block_on(tokio::net::TcpListener::bind(("0.0.0.0", config.http_port))) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("streamapp-processor: cannot listen on port {}: {e}", config.http_port);
-            return ExitCode::from(EXIT_FAILED);
-        }
-    };
-    runtime.spawn(http::serve(listener, shared.clone(), Arc::new(registry), args.drain_token.clone(), drain_timeout));
+    let listener =
+        match runtime.block_on(tokio::net::TcpListener::bind(("0.0.0.0", config.http_port))) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "streamapp-processor: cannot listen on port {}: {e}",
+                    config.http_port
+                );
+                return ExitCode::from(EXIT_FAILED);
+            }
+        };
+    runtime.spawn(http::serve(
+        listener,
+        shared.clone(),
+        Arc::new(registry),
+        args.drain_token.clone(),
+        drain_timeout,
+    ));
     let signal_shared = shared.clone();
     runtime.spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
@@ -233,7 +275,12 @@ fn run(args: RunArgs) -> ExitCode {
 
     let client = client_config(&config, &args);
     let changelog_topic = config.changelog_topic();
-    if let Err(e) = runtime.block_on(changelog::ensure(&client, &config.topology.input_topic, &changelog_topic, topology.retention)) {
+    if let Err(e) = runtime.block_on(changelog::ensure(
+        &client,
+        &config.topology.input_topic,
+        &changelog_topic,
+        topology.retention,
+    )) {
         error!("{e}");
         eprintln!("streamapp-processor: {e}");
         shared.update(true, |h| {
@@ -271,7 +318,12 @@ fn supervise(cfg: EngineConfig, shared: Arc<Shared>, metrics: Metrics) -> ExitCo
     let mut restarts: Vec<Instant> = Vec::new();
     let mut faults = Some(Faults::from_env());
     loop {
-        let result = run_engine(cfg.clone(), shared.clone(), metrics.clone(), faults.take().unwrap_or_default());
+        let result = run_engine(
+            cfg.clone(),
+            shared.clone(),
+            metrics.clone(),
+            faults.take().unwrap_or_default(),
+        );
         let fail = |e: &EngineError, code: u8| {
             error!("{e}");
             eprintln!("streamapp-processor: {e}");
@@ -280,7 +332,9 @@ fn supervise(cfg: EngineConfig, shared: Arc<Shared>, metrics: Metrics) -> ExitCo
                 h.phase = ProcessorPhase::Failed;
                 h.error = Some(e.to_string());
             });
-            shared.finish_drain(streamapp_processor::shared::DrainOutcome::Failed(e.to_string()));
+            shared.finish_drain(streamapp_processor::shared::DrainOutcome::Failed(
+                e.to_string(),
+            ));
             ExitCode::from(code)
         };
         match result {
@@ -300,7 +354,12 @@ fn supervise(cfg: EngineConfig, shared: Arc<Shared>, metrics: Metrics) -> ExitCo
 }
 
 /// One engine lifetime: until drained (Ok) or failed.
-fn run_engine(cfg: EngineConfig, shared: Arc<Shared>, metrics: Metrics, faults: Faults) -> Result<(), EngineError> {
+fn run_engine(
+    cfg: EngineConfig,
+    shared: Arc<Shared>,
+    metrics: Metrics,
+    faults: Faults,
+) -> Result<(), EngineError> {
     let (engine, consumer) = Engine::start(cfg, shared.clone(), metrics, faults)?;
     let mut last_ends = Instant::now() - Duration::from_secs(60);
     let result = loop {
@@ -309,7 +368,9 @@ fn run_engine(cfg: EngineConfig, shared: Arc<Shared>, metrics: Metrics, faults: 
             shared.finish_drain(outcome.clone());
             break match outcome {
                 streamapp_processor::shared::DrainOutcome::Drained { .. } => Ok(()),
-                streamapp_processor::shared::DrainOutcome::Failed(e) => Err(EngineError::Fatal(format!("drain: {e}"))),
+                streamapp_processor::shared::DrainOutcome::Failed(e) => {
+                    Err(EngineError::Fatal(format!("drain: {e}")))
+                }
             };
         }
         // Rebalance callbacks run inside poll and lock the engine themselves.
@@ -355,5 +416,10 @@ fn previous_shutdown_clean(state: &StateDir) -> Option<bool> {
     if tasks.is_empty() {
         return None;
     }
-    Some(tasks.iter().all(|&p| checkpoint::read(&state.checkpoint_file(p)).ok().flatten().is_some()))
+    Some(tasks.iter().all(|&p| {
+        checkpoint::read(&state.checkpoint_file(p))
+            .ok()
+            .flatten()
+            .is_some()
+    }))
 }

@@ -4,7 +4,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -55,24 +55,82 @@ impl Metrics {
             assigned_tasks: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("streamapp_processor");
-        r.register("records_in", "Input records processed (committed or not)", m.records_in.clone());
-        r.register("records_out", "First occurrences written to the output topic", m.records_out.clone());
-        r.register("duplicates", "Records recognised as duplicates", m.duplicates.clone());
-        r.register("dead_letters", "Records sent to the dead-letter topic, by reason", m.dead_letters.clone());
-        r.register("transactions_committed", "Kafka transactions committed", m.transactions_committed.clone());
-        r.register("transactions_aborted", "Kafka transactions aborted", m.transactions_aborted.clone());
-        r.register("commit_seconds", "Time to commit a transaction and apply it to the stores", m.commit_seconds.clone());
-        r.register("restore_records", "Changelog records replayed into stores", m.restore_records.clone());
-        r.register("restore_seconds", "Time spent restoring stores", m.restore_seconds.clone());
-        r.register("quarantines", "Damaged stores moved to quarantine", m.quarantines.clone());
-        r.register("store_bytes", "Bytes of live SST files per store", m.store_bytes.clone());
-        r.register("store_keys", "Estimated keys per store", m.store_keys.clone());
-        r.register("wal_bytes", "Bytes of WAL files per store", m.wal_bytes.clone());
-        r.register("assigned_tasks", "Tasks (input partitions) owned by this process", m.assigned_tasks.clone());
+        r.register(
+            "records_in",
+            "Input records processed (committed or not)",
+            m.records_in.clone(),
+        );
+        r.register(
+            "records_out",
+            "First occurrences written to the output topic",
+            m.records_out.clone(),
+        );
+        r.register(
+            "duplicates",
+            "Records recognised as duplicates",
+            m.duplicates.clone(),
+        );
+        r.register(
+            "dead_letters",
+            "Records sent to the dead-letter topic, by reason",
+            m.dead_letters.clone(),
+        );
+        r.register(
+            "transactions_committed",
+            "Kafka transactions committed",
+            m.transactions_committed.clone(),
+        );
+        r.register(
+            "transactions_aborted",
+            "Kafka transactions aborted",
+            m.transactions_aborted.clone(),
+        );
+        r.register(
+            "commit_seconds",
+            "Time to commit a transaction and apply it to the stores",
+            m.commit_seconds.clone(),
+        );
+        r.register(
+            "restore_records",
+            "Changelog records replayed into stores",
+            m.restore_records.clone(),
+        );
+        r.register(
+            "restore_seconds",
+            "Time spent restoring stores",
+            m.restore_seconds.clone(),
+        );
+        r.register(
+            "quarantines",
+            "Damaged stores moved to quarantine",
+            m.quarantines.clone(),
+        );
+        r.register(
+            "store_bytes",
+            "Bytes of live SST files per store",
+            m.store_bytes.clone(),
+        );
+        r.register(
+            "store_keys",
+            "Estimated keys per store",
+            m.store_keys.clone(),
+        );
+        r.register(
+            "wal_bytes",
+            "Bytes of WAL files per store",
+            m.wal_bytes.clone(),
+        );
+        r.register(
+            "assigned_tasks",
+            "Tasks (input partitions) owned by this process",
+            m.assigned_tasks.clone(),
+        );
         m
     }
 
     pub fn partition(p: i32) -> PartitionLabel {
-        PartitionLabel { partition: p.to_string() }
+        PartitionLabel {
+            partition: p.to_string(),
+        }
     }
 }

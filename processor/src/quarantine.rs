@@ -15,7 +15,12 @@ use crate::state_dir::StateDir;
 pub const KEEP: usize = 3;
 
 /// Moves the task's store (and its separate WAL dir, if any) into quarantine.
-pub fn quarantine(state: &StateDir, partition: i32, reason: &str, now_ms: i64) -> std::io::Result<Quarantine> {
+pub fn quarantine(
+    state: &StateDir,
+    partition: i32,
+    reason: &str,
+    now_ms: i64,
+) -> std::io::Result<Quarantine> {
     let target = state.quarantine_dir().join(format!("{partition}-{now_ms}"));
     std::fs::create_dir_all(&target)?;
     let store = state.store_dir(partition);
@@ -23,18 +28,23 @@ pub fn quarantine(state: &StateDir, partition: i32, reason: &str, now_ms: i64) -
         std::fs::rename(&store, target.join("store"))?;
     }
     if let Some(wal) = state.wal_dir(partition)
-        && wal.exists() {
-            // The WAL volume may be another filesystem: copy what can be copied, then remove.
-            if std::fs::rename(&wal, target.join("wal")).is_err() {
-                copy_dir(&wal, &target.join("wal"))?;
-                std::fs::remove_dir_all(&wal)?;
-            }
+        && wal.exists()
+    {
+        // The WAL volume may be another filesystem: copy what can be copied, then remove.
+        if std::fs::rename(&wal, target.join("wal")).is_err() {
+            copy_dir(&wal, &target.join("wal"))?;
+            std::fs::remove_dir_all(&wal)?;
         }
+    }
     // A checkpoint must not vouch for the store that replaces this one.
     crate::checkpoint::remove(&state.checkpoint_file(partition))?;
     std::fs::write(target.join("REASON"), reason)?;
     prune(&state.quarantine_dir(), KEEP)?;
-    Ok(Quarantine { at_ms: now_ms, reason: reason.into(), path: target.display().to_string() })
+    Ok(Quarantine {
+        at_ms: now_ms,
+        reason: reason.into(),
+        path: target.display().to_string(),
+    })
 }
 
 /// Quarantines found on disk, oldest first (for `inspect` and the agent).
@@ -89,7 +99,10 @@ mod tests {
             std::fs::write(state.checkpoint_file(0), "0\n0\n").unwrap();
             let q = quarantine(&state, 0, &format!("damage {i}"), 1000 + i).unwrap();
             assert!(!state.store_dir(0).exists());
-            assert!(!state.checkpoint_file(0).exists(), "the checkpoint must not survive");
+            assert!(
+                !state.checkpoint_file(0).exists(),
+                "the checkpoint must not survive"
+            );
             assert!(Path::new(&q.path).join("store/CURRENT").exists());
         }
         let kept = list(&state.quarantine_dir());

@@ -23,9 +23,18 @@ const APPLY_CHUNK: usize = 10_000;
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
     #[error("reading changelog {topic} partition {partition}: {source}")]
-    Kafka { topic: String, partition: i32, source: KafkaError },
+    Kafka {
+        topic: String,
+        partition: i32,
+        source: KafkaError,
+    },
     #[error("changelog {topic} partition {partition} offset {offset}: {what}")]
-    BadRecord { topic: String, partition: i32, offset: i64, what: String },
+    BadRecord {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        what: String,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -62,7 +71,9 @@ impl Restorer {
             .set("auto.offset.reset", "earliest")
             .set("group.id", "streamapp-restore-unused");
         let mut probe_cfg = base.clone();
-        probe_cfg.set("isolation.level", "read_uncommitted").set("group.id", "streamapp-restore-unused");
+        probe_cfg
+            .set("isolation.level", "read_uncommitted")
+            .set("group.id", "streamapp-restore-unused");
         Ok(Restorer {
             topic: topic.to_string(),
             reader: reader_cfg.create()?,
@@ -73,7 +84,11 @@ impl Restorer {
     }
 
     fn kafka_err(&self, partition: i32) -> impl Fn(KafkaError) -> RestoreError + '_ {
-        move |source| RestoreError::Kafka { topic: self.topic.clone(), partition, source }
+        move |source| RestoreError::Kafka {
+            topic: self.topic.clone(),
+            partition,
+            source,
+        }
     }
 
     /// The real end (high watermark) of a changelog partition.
@@ -90,9 +105,15 @@ impl Restorer {
     pub fn begin(&mut self, partition: i32, store: &TaskStore) -> Result<u64, RestoreError> {
         let from = store.meta().changelog_offset;
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.topic, partition, from.map_or(Offset::Beginning, Offset::Offset))
+        tpl.add_partition_offset(
+            &self.topic,
+            partition,
+            from.map_or(Offset::Beginning, Offset::Offset),
+        )
+        .map_err(self.kafka_err(partition))?;
+        self.reader
+            .assign(&tpl)
             .map_err(self.kafka_err(partition))?;
-        self.reader.assign(&tpl).map_err(self.kafka_err(partition))?;
         self.current = Some(partition);
         self.waiting_since = None;
         let (low, high) = self
@@ -104,7 +125,12 @@ impl Restorer {
 
     /// Reads up to `budget` records into the store. Returns how many were applied and where
     /// restore stands.
-    pub fn step(&mut self, partition: i32, store: &mut TaskStore, budget: usize) -> Result<(u64, Step), RestoreError> {
+    pub fn step(
+        &mut self,
+        partition: i32,
+        store: &mut TaskStore,
+        budget: usize,
+    ) -> Result<(u64, Step), RestoreError> {
         assert_eq!(self.current, Some(partition), "begin() first");
         let mut staged = Staged::default();
         let mut applied = 0u64;
@@ -161,7 +187,10 @@ impl Restorer {
         let caught_up = store.meta().changelog_offset.unwrap_or(0) >= end || end == 0;
         if caught_up {
             if self.waiting_since.take().is_some() {
-                info!(partition, "open transaction on the changelog ended; restore continues");
+                info!(
+                    partition,
+                    "open transaction on the changelog ended; restore continues"
+                );
             }
             return Ok((applied, Step::Done));
         }
@@ -180,9 +209,15 @@ impl Restorer {
         }
         // Re-read from where we are: the transaction's records become visible once it ends.
         let mut tpl = TopicPartitionList::new();
-        let from = store.meta().changelog_offset.map_or(Offset::Beginning, Offset::Offset);
-        tpl.add_partition_offset(&self.topic, partition, from).map_err(self.kafka_err(partition))?;
-        self.reader.assign(&tpl).map_err(self.kafka_err(partition))?;
+        let from = store
+            .meta()
+            .changelog_offset
+            .map_or(Offset::Beginning, Offset::Offset);
+        tpl.add_partition_offset(&self.topic, partition, from)
+            .map_err(self.kafka_err(partition))?;
+        self.reader
+            .assign(&tpl)
+            .map_err(self.kafka_err(partition))?;
         std::thread::sleep(Duration::from_millis(200));
         Ok((applied, Step::WaitingForOpenTransaction))
     }

@@ -1,8 +1,8 @@
 //! State shared by the processing thread and the HTTP server: the health report (also kept on
 //! disk as the health file), readiness, and the drain handshake.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase};
@@ -29,7 +29,9 @@ pub struct Shared {
 }
 
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Shared {
@@ -67,7 +69,9 @@ impl Shared {
         if force || due || health.phase != phase {
             health.updated_at_ms = now_ms();
             let bytes = serde_json::to_vec_pretty(health).expect("health serialises");
-            if let Err(e) = crate::checkpoint::write_atomically(&self.state_dir.health_file(), &bytes) {
+            if let Err(e) =
+                crate::checkpoint::write_atomically(&self.state_dir.health_file(), &bytes)
+            {
                 tracing::warn!(error = %e, "could not write the health file");
             }
             *last_write = Some(Instant::now());

@@ -18,7 +18,10 @@ pub struct StateDir {
 
 impl StateDir {
     pub fn new(root: impl Into<PathBuf>, wal_root: Option<PathBuf>) -> Self {
-        StateDir { root: root.into(), wal_root }
+        StateDir {
+            root: root.into(),
+            wal_root,
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -43,12 +46,15 @@ impl StateDir {
 
     /// The separate WAL directory of a task, when one is configured.
     pub fn wal_dir(&self, partition: i32) -> Option<PathBuf> {
-        self.wal_root.as_ref().map(|w| w.join("tasks").join(partition.to_string()))
+        self.wal_root
+            .as_ref()
+            .map(|w| w.join("tasks").join(partition.to_string()))
     }
 
     /// Where a task's WAL files are: the separate WAL dir, or the store itself.
     pub fn wal_files_dir(&self, partition: i32) -> PathBuf {
-        self.wal_dir(partition).unwrap_or_else(|| self.store_dir(partition))
+        self.wal_dir(partition)
+            .unwrap_or_else(|| self.store_dir(partition))
     }
 
     pub fn quarantine_dir(&self) -> PathBuf {

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rocksdb::{
-    BlockBasedOptions, Cache, DBCompactionStyle, DBCompressionType, DBRecoveryMode, IteratorMode, Options, ReadOptions,
-    WriteBatch, WriteBufferManager, WriteOptions, DB,
+    BlockBasedOptions, Cache, DB, DBCompactionStyle, DBCompressionType, DBRecoveryMode,
+    IteratorMode, Options, ReadOptions, WriteBatch, WriteBufferManager, WriteOptions,
 };
 use streamapp_api::config::{CompactionStyle, Compression, ResolvedRocksDb, WalRecoveryMode};
 
@@ -39,17 +39,24 @@ pub enum StoreError {
     Damaged { path: PathBuf, reason: String },
     /// Anything else (I/O, configuration).
     #[error("store {path}: {source}")]
-    Other { path: PathBuf, source: rocksdb::Error },
+    Other {
+        path: PathBuf,
+        source: rocksdb::Error,
+    },
 }
 
 impl StoreError {
     fn from_rocksdb(path: &Path, e: rocksdb::Error) -> Self {
         use rocksdb::ErrorKind::*;
         match e.kind() {
-            Corruption | InvalidArgument | NotSupported | IOError => {
-                StoreError::Damaged { path: path.to_path_buf(), reason: e.into_string() }
-            }
-            _ => StoreError::Other { path: path.to_path_buf(), source: e },
+            Corruption | InvalidArgument | NotSupported | IOError => StoreError::Damaged {
+                path: path.to_path_buf(),
+                reason: e.into_string(),
+            },
+            _ => StoreError::Other {
+                path: path.to_path_buf(),
+                source: e,
+            },
         }
     }
 }
@@ -116,13 +123,20 @@ impl SharedMemory {
         SharedMemory {
             cache: Cache::new_lru_cache(tuning.block_cache_bytes as usize),
             // Writers stall rather than exceed the budget.
-            write_buffers: WriteBufferManager::new_write_buffer_manager(tuning.memtable_budget_bytes as usize, true),
+            write_buffers: WriteBufferManager::new_write_buffer_manager(
+                tuning.memtable_budget_bytes as usize,
+                true,
+            ),
         }
     }
 }
 
 /// RocksDB options from the resolved tuning, sharing memory with every other store.
-pub fn rocksdb_options(tuning: &ResolvedRocksDb, memory: &SharedMemory, wal_dir: Option<&Path>) -> Options {
+pub fn rocksdb_options(
+    tuning: &ResolvedRocksDb,
+    memory: &SharedMemory,
+    wal_dir: Option<&Path>,
+) -> Options {
     let mut table = BlockBasedOptions::default();
     table.set_block_cache(&memory.cache);
     table.set_block_size(tuning.block_size_bytes as usize);
@@ -151,7 +165,9 @@ pub fn rocksdb_options(tuning: &ResolvedRocksDb, memory: &SharedMemory, wal_dir:
     });
     opts.set_max_background_jobs(tuning.max_background_jobs);
     opts.set_wal_recovery_mode(match tuning.wal_recovery_mode {
-        WalRecoveryMode::TolerateCorruptedTailRecords => DBRecoveryMode::TolerateCorruptedTailRecords,
+        WalRecoveryMode::TolerateCorruptedTailRecords => {
+            DBRecoveryMode::TolerateCorruptedTailRecords
+        }
         WalRecoveryMode::AbsoluteConsistency => DBRecoveryMode::AbsoluteConsistency,
         WalRecoveryMode::PointInTime => DBRecoveryMode::PointInTime,
         // Refused by configuration validation; never reached.
@@ -204,14 +220,19 @@ impl TaskStore {
         let mut store = TaskStore {
             db,
             path: path.to_path_buf(),
-            wal_dir: wal_dir.map(Path::to_path_buf).unwrap_or_else(|| path.to_path_buf()),
+            wal_dir: wal_dir
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| path.to_path_buf()),
             retention_ms: retention.as_millis() as i64,
             write_opts_sync: tuning.wal_sync_on_commit,
             wal_enabled: tuning.wal_enabled,
             meta: StoreMeta::default(),
         };
         match store.get_raw(META_FORMAT)? {
-            None => store.db.put(META_FORMAT, FORMAT_VERSION).map_err(|e| StoreError::from_rocksdb(path, e))?,
+            None => store
+                .db
+                .put(META_FORMAT, FORMAT_VERSION)
+                .map_err(|e| StoreError::from_rocksdb(path, e))?,
             Some(v) if v == FORMAT_VERSION => {}
             Some(v) => {
                 return Err(StoreError::Damaged {
@@ -253,13 +274,16 @@ impl TaskStore {
         if let Some(t) = staged.stream_time {
             meta.stream_time = Some(meta.stream_time.map_or(t, |s| s.max(t)));
         }
-        let cutoff = meta.stream_time.map(|t| t.saturating_sub(self.retention_ms));
+        let cutoff = meta
+            .stream_time
+            .map(|t| t.saturating_sub(self.retention_ms));
         // Expiry first: a put of this batch for an expiring id must win over its delete.
         if let Some(cutoff) = cutoff
-            && meta.expired_through.is_none_or(|e| e < cutoff) {
-                self.expire_into(&mut batch, meta.expired_through, cutoff)?;
-                meta.expired_through = Some(cutoff);
-            }
+            && meta.expired_through.is_none_or(|e| e < cutoff)
+        {
+            self.expire_into(&mut batch, meta.expired_through, cutoff)?;
+            meta.expired_through = Some(cutoff);
+        }
         for (id, &time) in &staged.puts {
             if cutoff.is_some_and(|c| time < c) {
                 continue; // already outside the window: expired on arrival
@@ -289,7 +313,9 @@ impl TaskStore {
         let mut wo = WriteOptions::default();
         wo.set_sync(self.wal_enabled && self.write_opts_sync);
         wo.disable_wal(!self.wal_enabled);
-        self.db.write_opt(batch, &wo).map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
+        self.db
+            .write_opt(batch, &wo)
+            .map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
         self.meta = meta;
         Ok(())
     }
@@ -301,7 +327,9 @@ impl TaskStore {
         let lower = time_key(from.unwrap_or(i64::MIN), b"");
         ro.set_iterate_lower_bound(lower.clone());
         ro.set_iterate_upper_bound(time_key(cutoff, b""));
-        let iter = self.db.iterator_opt(IteratorMode::From(&lower, rocksdb::Direction::Forward), ro);
+        let iter = self
+            .db
+            .iterator_opt(IteratorMode::From(&lower, rocksdb::Direction::Forward), ro);
         for item in iter {
             let (key, _) = item.map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
             let (time, id) = parse_time_key(&key).ok_or_else(|| StoreError::Damaged {
@@ -321,9 +349,13 @@ impl TaskStore {
     /// the checkpoint.
     pub fn flush(&self) -> Result<()> {
         if self.wal_enabled {
-            self.db.flush_wal(true).map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
+            self.db
+                .flush_wal(true)
+                .map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
         }
-        self.db.flush().map_err(|e| StoreError::from_rocksdb(&self.path, e))
+        self.db
+            .flush()
+            .map_err(|e| StoreError::from_rocksdb(&self.path, e))
     }
 
     /// Reads every key with checksums verified: finds damaged SST blocks that opening the
@@ -347,12 +379,20 @@ impl TaskStore {
 
     /// RocksDB's estimate of the number of keys (cheap).
     pub fn estimated_keys(&self) -> u64 {
-        self.db.property_int_value("rocksdb.estimate-num-keys").ok().flatten().unwrap_or(0)
+        self.db
+            .property_int_value("rocksdb.estimate-num-keys")
+            .ok()
+            .flatten()
+            .unwrap_or(0)
     }
 
     /// Bytes of live SST files.
     pub fn sst_bytes(&self) -> u64 {
-        self.db.property_int_value("rocksdb.live-sst-files-size").ok().flatten().unwrap_or(0)
+        self.db
+            .property_int_value("rocksdb.live-sst-files-size")
+            .ok()
+            .flatten()
+            .unwrap_or(0)
     }
 
     /// The directory holding this store's WAL files.
@@ -361,7 +401,9 @@ impl TaskStore {
     }
 
     fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.db.get(key).map_err(|e| StoreError::from_rocksdb(&self.path, e))
+        self.db
+            .get(key)
+            .map_err(|e| StoreError::from_rocksdb(&self.path, e))
     }
 
     fn get_i64(&self, key: &[u8]) -> Result<Option<i64>> {
@@ -370,7 +412,11 @@ impl TaskStore {
             Some(v) => {
                 let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| StoreError::Damaged {
                     path: self.path.clone(),
-                    reason: format!("value of {} is {} bytes, expected 8", String::from_utf8_lossy(key), v.len()),
+                    reason: format!(
+                        "value of {} is {} bytes, expected 8",
+                        String::from_utf8_lossy(key),
+                        v.len()
+                    ),
                 })?;
                 Ok(Some(i64::from_be_bytes(bytes)))
             }
@@ -383,7 +429,10 @@ fn count_ids(db: &DB, path: &Path) -> Result<u64> {
     ro.set_iterate_upper_bound(b"i0".to_vec()); // '0' sorts right after '/'
     ro.fill_cache(false);
     let mut n = 0;
-    for item in db.iterator_opt(IteratorMode::From(ID_PREFIX, rocksdb::Direction::Forward), ro) {
+    for item in db.iterator_opt(
+        IteratorMode::From(ID_PREFIX, rocksdb::Direction::Forward),
+        ro,
+    ) {
         item.map_err(|e| StoreError::from_rocksdb(path, e))?;
         n += 1;
     }
@@ -423,9 +472,14 @@ pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<StoreSummar
     if let Some(w) = wal_dir {
         opts.set_wal_dir(w);
     }
-    let db = DB::open_for_read_only(&opts, path, false).map_err(|e| StoreError::from_rocksdb(path, e))?;
+    let db = DB::open_for_read_only(&opts, path, false)
+        .map_err(|e| StoreError::from_rocksdb(path, e))?;
     let get = |key: &[u8]| -> Option<i64> {
-        db.get(key).ok().flatten().and_then(|v| v.as_slice().try_into().ok()).map(i64::from_be_bytes)
+        db.get(key)
+            .ok()
+            .flatten()
+            .and_then(|v| v.as_slice().try_into().ok())
+            .map(i64::from_be_bytes)
     };
     let meta = StoreMeta {
         changelog_offset: get(META_CHANGELOG_OFFSET),
@@ -436,8 +490,16 @@ pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<StoreSummar
     Ok(StoreSummary {
         meta,
         ids: count_ids(&db, path)?,
-        estimated_keys: db.property_int_value("rocksdb.estimate-num-keys").ok().flatten().unwrap_or(0),
-        sst_bytes: db.property_int_value("rocksdb.live-sst-files-size").ok().flatten().unwrap_or(0),
+        estimated_keys: db
+            .property_int_value("rocksdb.estimate-num-keys")
+            .ok()
+            .flatten()
+            .unwrap_or(0),
+        sst_bytes: db
+            .property_int_value("rocksdb.live-sst-files-size")
+            .ok()
+            .flatten()
+            .unwrap_or(0),
     })
 }
 
@@ -459,7 +521,11 @@ mod tests {
         let mut store = open(dir.path());
         let mut staged = Staged::default();
         staged.put(b"cmd-1", 1_000);
-        assert_eq!(store.first_seen(b"cmd-1").unwrap(), None, "staged, not applied");
+        assert_eq!(
+            store.first_seen(b"cmd-1").unwrap(),
+            None,
+            "staged, not applied"
+        );
         staged.changelog_offset = Some(7);
         store.apply(&staged).unwrap();
         assert_eq!(store.first_seen(b"cmd-1").unwrap(), Some(1_000));
@@ -480,7 +546,12 @@ mod tests {
         let store = open(dir.path());
         assert_eq!(
             store.meta(),
-            &StoreMeta { changelog_offset: Some(3), input_offset: Some(10), stream_time: Some(5), expired_through: Some(5 - HOUR.as_millis() as i64) }
+            &StoreMeta {
+                changelog_offset: Some(3),
+                input_offset: Some(10),
+                stream_time: Some(5),
+                expired_through: Some(5 - HOUR.as_millis() as i64)
+            }
         );
         assert_eq!(store.first_seen(b"a").unwrap(), Some(5));
     }
@@ -521,7 +592,12 @@ mod tests {
         let hour = HOUR.as_millis() as i64;
         // id, time: late records, repeats with older times, a jump in stream time.
         let writes: Vec<(String, i64)> = (0..300)
-            .map(|i| (format!("id-{}", i % 97), (i * 7919 % 300) as i64 * hour / 50))
+            .map(|i| {
+                (
+                    format!("id-{}", i % 97),
+                    (i * 7919 % 300) as i64 * hour / 50,
+                )
+            })
             .collect();
         let mut results = Vec::new();
         for chunk in [1, 7, 300] {
@@ -534,7 +610,9 @@ mod tests {
                 }
                 store.apply(&staged).unwrap();
             }
-            let state: Vec<_> = (0..97).map(|i| store.first_seen(format!("id-{i}").as_bytes()).unwrap()).collect();
+            let state: Vec<_> = (0..97)
+                .map(|i| store.first_seen(format!("id-{i}").as_bytes()).unwrap())
+                .collect();
             results.push((state, store.id_count().unwrap()));
         }
         assert_eq!(results[0], results[1]);

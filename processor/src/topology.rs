@@ -34,7 +34,9 @@ impl Rejection {
         match self {
             Rejection::MissingId => "the record has no dedup id".into(),
             Rejection::InvalidJson(e) => format!("the value is not valid JSON: {e}"),
-            Rejection::ValueTooLarge { size, max } => format!("the value is {size} bytes, the limit is {max}"),
+            Rejection::ValueTooLarge { size, max } => {
+                format!("the value is {size} bytes, the limit is {max}")
+            }
         }
     }
 }
@@ -48,10 +50,17 @@ pub struct RecordView<'a> {
 }
 
 /// Finds the dedup id, or why the record cannot be processed.
-pub fn extract_id(record: &RecordView<'_>, source: &DedupId, max_value_bytes: u64) -> Result<Vec<u8>, Rejection> {
+pub fn extract_id(
+    record: &RecordView<'_>,
+    source: &DedupId,
+    max_value_bytes: u64,
+) -> Result<Vec<u8>, Rejection> {
     let size = record.value.map_or(0, <[u8]>::len);
     if size as u64 > max_value_bytes {
-        return Err(Rejection::ValueTooLarge { size, max: max_value_bytes });
+        return Err(Rejection::ValueTooLarge {
+            size,
+            max: max_value_bytes,
+        });
     }
     let id = match source.source {
         DedupIdSource::Key => record.key.map(<[u8]>::to_vec),
@@ -86,7 +95,11 @@ pub fn is_duplicate(first_seen: Option<i64>, time: i64, retention_ms: i64) -> bo
 mod tests {
     use super::*;
 
-    fn view<'a>(key: Option<&'a [u8]>, value: Option<&'a [u8]>, header: &'a dyn Fn(&str) -> Option<&'a [u8]>) -> RecordView<'a> {
+    fn view<'a>(
+        key: Option<&'a [u8]>,
+        value: Option<&'a [u8]>,
+        header: &'a dyn Fn(&str) -> Option<&'a [u8]>,
+    ) -> RecordView<'a> {
         RecordView { key, value, header }
     }
 
@@ -95,30 +108,80 @@ mod tests {
     #[test]
     fn id_from_key_header_or_json_pointer() {
         let key = DedupId::default();
-        assert_eq!(extract_id(&view(Some(b"k1"), None, NO_HEADERS), &key, 100), Ok(b"k1".to_vec()));
+        assert_eq!(
+            extract_id(&view(Some(b"k1"), None, NO_HEADERS), &key, 100),
+            Ok(b"k1".to_vec())
+        );
 
-        let header = DedupId { source: DedupIdSource::Header, header: Some("cmd-id".into()), json_pointer: None };
-        let headers: &dyn Fn(&str) -> Option<&'static [u8]> = &|n| (n == "cmd-id").then_some(b"h1".as_slice());
-        assert_eq!(extract_id(&view(None, None, headers), &header, 100), Ok(b"h1".to_vec()));
+        let header = DedupId {
+            source: DedupIdSource::Header,
+            header: Some("cmd-id".into()),
+            json_pointer: None,
+        };
+        let headers: &dyn Fn(&str) -> Option<&'static [u8]> =
+            &|n| (n == "cmd-id").then_some(b"h1".as_slice());
+        assert_eq!(
+            extract_id(&view(None, None, headers), &header, 100),
+            Ok(b"h1".to_vec())
+        );
 
-        let pointer = DedupId { source: DedupIdSource::JsonPointer, header: None, json_pointer: Some("/cmd/id".into()) };
+        let pointer = DedupId {
+            source: DedupIdSource::JsonPointer,
+            header: None,
+            json_pointer: Some("/cmd/id".into()),
+        };
         let value = br#"{"cmd":{"id":"j1"}}"#;
-        assert_eq!(extract_id(&view(None, Some(value), NO_HEADERS), &pointer, 100), Ok(b"j1".to_vec()));
+        assert_eq!(
+            extract_id(&view(None, Some(value), NO_HEADERS), &pointer, 100),
+            Ok(b"j1".to_vec())
+        );
         let numeric = br#"{"cmd":{"id":42}}"#;
-        assert_eq!(extract_id(&view(None, Some(numeric), NO_HEADERS), &pointer, 100), Ok(b"42".to_vec()));
+        assert_eq!(
+            extract_id(&view(None, Some(numeric), NO_HEADERS), &pointer, 100),
+            Ok(b"42".to_vec())
+        );
     }
 
     #[test]
     fn bad_records_are_rejected_with_a_reason() {
-        let pointer = DedupId { source: DedupIdSource::JsonPointer, header: None, json_pointer: Some("/id".into()) };
-        assert_eq!(extract_id(&view(None, Some(b"{not json"), NO_HEADERS), &pointer, 100).unwrap_err().code(), "invalid-json");
-        assert_eq!(extract_id(&view(None, Some(br#"{"other":1}"#), NO_HEADERS), &pointer, 100), Err(Rejection::MissingId));
-        assert_eq!(extract_id(&view(None, None, NO_HEADERS), &DedupId::default(), 100), Err(Rejection::MissingId));
-        assert_eq!(extract_id(&view(Some(b""), None, NO_HEADERS), &DedupId::default(), 100), Err(Rejection::MissingId));
+        let pointer = DedupId {
+            source: DedupIdSource::JsonPointer,
+            header: None,
+            json_pointer: Some("/id".into()),
+        };
+        assert_eq!(
+            extract_id(&view(None, Some(b"{not json"), NO_HEADERS), &pointer, 100)
+                .unwrap_err()
+                .code(),
+            "invalid-json"
+        );
+        assert_eq!(
+            extract_id(
+                &view(None, Some(br#"{"other":1}"#), NO_HEADERS),
+                &pointer,
+                100
+            ),
+            Err(Rejection::MissingId)
+        );
+        assert_eq!(
+            extract_id(&view(None, None, NO_HEADERS), &DedupId::default(), 100),
+            Err(Rejection::MissingId)
+        );
+        assert_eq!(
+            extract_id(&view(Some(b""), None, NO_HEADERS), &DedupId::default(), 100),
+            Err(Rejection::MissingId)
+        );
         let big: &'static [u8] = &[b'x'; 101];
         assert_eq!(
-            extract_id(&view(Some(b"k"), Some(big), NO_HEADERS), &DedupId::default(), 100),
-            Err(Rejection::ValueTooLarge { size: 101, max: 100 })
+            extract_id(
+                &view(Some(b"k"), Some(big), NO_HEADERS),
+                &DedupId::default(),
+                100
+            ),
+            Err(Rejection::ValueTooLarge {
+                size: 101,
+                max: 100
+            })
         );
     }
 
@@ -126,7 +189,13 @@ mod tests {
     fn duplicates_are_judged_by_record_time_within_the_retention() {
         assert!(!is_duplicate(None, 10, 100));
         assert!(is_duplicate(Some(10), 50, 100));
-        assert!(is_duplicate(Some(50), 10, 100), "out-of-order records inside the window are duplicates too");
-        assert!(!is_duplicate(Some(10), 110, 100), "seen again after the window: processed again");
+        assert!(
+            is_duplicate(Some(50), 10, 100),
+            "out-of-order records inside the window are duplicates too"
+        );
+        assert!(
+            !is_duplicate(Some(10), 110, 100),
+            "seen again after the window: processed again"
+        );
     }
 }

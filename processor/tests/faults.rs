@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{counts, inspect, now_ms, serial, App, AppOptions, Input};
+use common::{App, AppOptions, Input, counts, inspect, now_ms, serial};
 use rand::RngExt;
 use streamapp_api::health::StoreOpen;
 
@@ -15,7 +15,14 @@ const MINUTE: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failure_after_the_store_put_aborts_and_retries_without_a_false_duplicate() {
     let _serial = serial().await;
-    let app = App::create("retry", AppOptions { partitions: 1, ..Default::default() }).await;
+    let app = App::create(
+        "retry",
+        AppOptions {
+            partitions: 1,
+            ..Default::default()
+        },
+    )
+    .await;
     let t0 = now_ms();
     let mut p = app.start_with("pod-0", &[("STREAMAPP_FAULTS", "fail-after-put=2")]);
     p.wait_ready(MINUTE);
@@ -29,9 +36,16 @@ async fn a_failure_after_the_store_put_aborts_and_retries_without_a_false_duplic
     let output_now = app.read(&app.output);
     assert_eq!(output_now.len(), 3);
     assert_eq!(counts(&output).get("flaky"), Some(&1));
-    assert!(app.read(&app.duplicates).is_empty(), "the aborted puts were never seen as duplicates");
+    assert!(
+        app.read(&app.duplicates).is_empty(),
+        "the aborted puts were never seen as duplicates"
+    );
     let log = p.log_text();
-    assert_eq!(log.matches("aborting the transaction").count(), 2, "two injected failures, two aborts:\n{log}");
+    assert_eq!(
+        log.matches("aborting the transaction").count(),
+        2,
+        "two injected failures, two aborts:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -39,7 +53,14 @@ async fn an_aborted_write_never_causes_a_false_duplicate_when_the_task_migrates_
     // The incident: instance A puts the id and fails, the task moves to B which fails too,
     // then moves back to A with its old state dir, which must not hold the aborted put.
     let _serial = serial().await;
-    let app = App::create("migrate", AppOptions { partitions: 1, ..Default::default() }).await;
+    let app = App::create(
+        "migrate",
+        AppOptions {
+            partitions: 1,
+            ..Default::default()
+        },
+    )
+    .await;
     let t0 = now_ms();
     let mut a = app.start("pod-a");
     a.wait_ready(MINUTE);
@@ -57,7 +78,12 @@ async fn an_aborted_write_never_causes_a_false_duplicate_when_the_task_migrates_
 
     // B takes the partition (after A's session times out) and dies the same way.
     let mut b = app.start_with("pod-b", &[("STREAMAPP_FAULTS", "crash-after-put=1")]);
-    assert_ne!(b.wait_exit(2 * MINUTE), Some(0), "B crashed after the put:\n{}", b.log_tail());
+    assert_ne!(
+        b.wait_exit(2 * MINUTE),
+        Some(0),
+        "B crashed after the put:\n{}",
+        b.log_tail()
+    );
 
     // A comes back with its old state dir and no faults.
     let mut a = app.start("pod-a");
@@ -65,15 +91,33 @@ async fn an_aborted_write_never_causes_a_false_duplicate_when_the_task_migrates_
     let output = app.wait_for_records(&app.output, 2, 2 * MINUTE);
     std::thread::sleep(Duration::from_secs(2));
     let output_now = app.read(&app.output);
-    assert_eq!(counts(&output_now).get("cmd-x"), Some(&1), "cmd-x output exactly once: {output:?}");
-    assert!(app.read(&app.duplicates).is_empty(), "cmd-x was never reported as a duplicate");
-    assert_eq!(app.read(&app.changelog()).len(), 2, "aborted puts never reached the changelog");
+    assert_eq!(
+        counts(&output_now).get("cmd-x"),
+        Some(&1),
+        "cmd-x output exactly once: {output:?}"
+    );
+    assert!(
+        app.read(&app.duplicates).is_empty(),
+        "cmd-x was never reported as a duplicate"
+    );
+    assert_eq!(
+        app.read(&app.changelog()).len(),
+        2,
+        "aborted puts never reached the changelog"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_at_random_points_keeps_exactly_once_and_replays_only_the_changelog_tail() {
     let _serial = serial().await;
-    let app = App::create("kill9", AppOptions { partitions: 2, ..Default::default() }).await;
+    let app = App::create(
+        "kill9",
+        AppOptions {
+            partitions: 2,
+            ..Default::default()
+        },
+    )
+    .await;
     let t0 = now_ms();
     let mut rng = rand::rng();
     let mut produced = 0;
@@ -86,8 +130,16 @@ async fn kill_9_at_random_points_keeps_exactly_once_and_replays_only_the_changel
         if round > 0 {
             let health = p.health();
             for task in &health.tasks {
-                assert_ne!(task.opened, Some(StoreOpen::FullRestore), "round {round}: never a wipe");
-                assert_ne!(task.opened, Some(StoreOpen::Rebuilt), "round {round}: no damage from kill -9");
+                assert_ne!(
+                    task.opened,
+                    Some(StoreOpen::FullRestore),
+                    "round {round}: never a wipe"
+                );
+                assert_ne!(
+                    task.opened,
+                    Some(StoreOpen::Rebuilt),
+                    "round {round}: no damage from kill -9"
+                );
                 replayed.push(task.restore.as_ref().map_or(0, |r| r.records_restored));
             }
         }
@@ -117,9 +169,17 @@ async fn kill_9_at_random_points_keeps_exactly_once_and_replays_only_the_changel
     std::thread::sleep(Duration::from_secs(2));
     let output_now = app.read(&app.output);
     let dups = app.read(&app.duplicates);
-    assert_eq!(output_now.len(), distinct.len(), "each id exactly once after 20 kill -9s");
+    assert_eq!(
+        output_now.len(),
+        distinct.len(),
+        "each id exactly once after 20 kill -9s"
+    );
     assert!(counts(&output).values().all(|&n| n == 1));
-    assert_eq!(output_now.len() + dups.len(), produced, "nothing lost, nothing doubled");
+    assert_eq!(
+        output_now.len() + dups.len(),
+        produced,
+        "nothing lost, nothing doubled"
+    );
     // Recovery replayed tails only: far fewer records than the changelog holds.
     let changelog_len = app.read(&app.changelog()).len();
     let max_replay = replayed.iter().copied().max().unwrap_or(0);
@@ -134,7 +194,10 @@ async fn kill_9_at_random_points_keeps_exactly_once_and_replays_only_the_changel
     for task in report["tasks"].as_array().unwrap() {
         let partition = task["partition"].as_i64().unwrap() as i32;
         let end = changelog_end(&app.changelog(), partition);
-        assert!(task["changelogOffset"].as_i64().unwrap() >= end - 1, "store caught up with changelog partition {partition}");
+        assert!(
+            task["changelogOffset"].as_i64().unwrap() >= end - 1,
+            "store caught up with changelog partition {partition}"
+        );
     }
 }
 
@@ -150,8 +213,17 @@ enum Damage {
 #[tokio::test(flavor = "multi_thread")]
 async fn damaged_wal_and_sst_files_end_consistent_in_every_recovery_mode_without_a_crash_loop() {
     let _serial = serial().await;
-    for mode in ["PointInTime", "TolerateCorruptedTailRecords", "AbsoluteConsistency"] {
-        for damage in [Damage::TruncateWal, Damage::FlipWalBytes, Damage::FlipSstBytes, Damage::DeleteSst] {
+    for mode in [
+        "PointInTime",
+        "TolerateCorruptedTailRecords",
+        "AbsoluteConsistency",
+    ] {
+        for damage in [
+            Damage::TruncateWal,
+            Damage::FlipWalBytes,
+            Damage::FlipSstBytes,
+            Damage::DeleteSst,
+        ] {
             damaged_store_recovers(mode, damage).await;
         }
     }
@@ -171,13 +243,21 @@ async fn damaged_store_recovers(mode: &str, damage: Damage) {
     let mut p = app.start("pod-0");
     p.wait_ready(MINUTE);
     // Some data flushed to SST (a drain flushes), then more only in the WAL (kill -9).
-    app.produce(&(0..300).map(|i| Input::cmd(&format!("c-{i}"), t0 + i)).collect::<Vec<_>>());
+    app.produce(
+        &(0..300)
+            .map(|i| Input::cmd(&format!("c-{i}"), t0 + i))
+            .collect::<Vec<_>>(),
+    );
     app.wait_for_records(&app.output, 300, MINUTE);
     assert!(p.drain().status.success());
     p.wait_exit(MINUTE);
     let mut p = app.start("pod-0");
     p.wait_ready(MINUTE);
-    app.produce(&(300..600).map(|i| Input::cmd(&format!("c-{i}"), t0 + i)).collect::<Vec<_>>());
+    app.produce(
+        &(300..600)
+            .map(|i| Input::cmd(&format!("c-{i}"), t0 + i))
+            .collect::<Vec<_>>(),
+    );
     app.wait_for_records(&app.output, 600, MINUTE);
     std::thread::sleep(Duration::from_millis(500));
     p.kill9();
@@ -192,25 +272,44 @@ async fn damaged_store_recovers(mode: &str, damage: Damage) {
     let what = format!("{mode} / {damage:?}");
     match task.opened {
         Some(StoreOpen::Rebuilt) => {
-            assert_eq!(task.quarantines.len(), 1, "{what}: the quarantine is reported");
-            assert!(Path::new(&task.quarantines[0].path).exists(), "{what}: the damaged store is kept");
+            assert_eq!(
+                task.quarantines.len(),
+                1,
+                "{what}: the quarantine is reported"
+            );
+            assert!(
+                Path::new(&task.quarantines[0].path).exists(),
+                "{what}: the damaged store is kept"
+            );
         }
         Some(StoreOpen::ReplayedTail) => assert!(task.quarantines.is_empty(), "{what}"),
         other => panic!("{what}: unexpected open {other:?}"),
     }
     // Consistent with the changelog: every old id is a duplicate, new ids are output once.
-    app.produce(&(0..600).map(|i| Input::cmd(&format!("c-{i}"), t0 + 1000 + i)).collect::<Vec<_>>());
+    app.produce(
+        &(0..600)
+            .map(|i| Input::cmd(&format!("c-{i}"), t0 + 1000 + i))
+            .collect::<Vec<_>>(),
+    );
     app.produce(&[Input::cmd("fresh", t0 + 2000)]);
     app.wait_for_records(&app.output, 601, MINUTE);
     app.wait_for_records(&app.duplicates, 600, MINUTE);
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(app.read(&app.output).len(), 601, "{what}: exactly once");
-    assert_eq!(app.read(&app.duplicates).len(), 600, "{what}: the store remembers every committed id");
+    assert_eq!(
+        app.read(&app.duplicates).len(),
+        600,
+        "{what}: the store remembers every committed id"
+    );
     p.kill9();
 }
 
 fn damage_store(store: &Path, damage: Damage) {
-    let files: Vec<_> = std::fs::read_dir(store).unwrap().flatten().map(|e| e.path()).collect();
+    let files: Vec<_> = std::fs::read_dir(store)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     let newest = |ext: &str| {
         files
             .iter()
@@ -223,7 +322,12 @@ fn damage_store(store: &Path, damage: Damage) {
         Damage::TruncateWal => {
             let wal = newest("log");
             let len = std::fs::metadata(&wal).unwrap().len();
-            std::fs::OpenOptions::new().write(true).open(&wal).unwrap().set_len(len / 2).unwrap();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&wal)
+                .unwrap()
+                .set_len(len / 2)
+                .unwrap();
         }
         Damage::FlipWalBytes => flip_bytes(&newest("log")),
         Damage::FlipSstBytes => flip_bytes(&newest("sst")),
@@ -244,5 +348,7 @@ fn flip_bytes(path: &Path) {
 fn changelog_end(topic: &str, partition: i32) -> i64 {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let c: BaseConsumer = testbed::kafka::client_config().create().unwrap();
-    c.fetch_watermarks(topic, partition, Duration::from_secs(10)).unwrap().1
+    c.fetch_watermarks(topic, partition, Duration::from_secs(10))
+        .unwrap()
+        .1
 }

@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{counts, inspect, now_ms, serial, App, AppOptions, Input};
+use common::{App, AppOptions, Input, counts, inspect, now_ms, serial};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -48,17 +48,34 @@ async fn each_id_is_output_exactly_once_and_repeats_go_to_the_duplicates_topic()
     assert_eq!(dups.len(), expected_dups);
     assert!(app.read(&app.dead_letters).is_empty());
     // Output records carry the input's value and the dedup id header.
-    assert!(output.iter().all(|o| o.value.as_ref().is_some_and(|v| v.starts_with(b"{\"id\""))));
+    assert!(
+        output
+            .iter()
+            .all(|o| o.value.as_ref().is_some_and(|v| v.starts_with(b"{\"id\"")))
+    );
 
     // The store agrees with the changelog: 700 ids, offsets stored.
     let drained = p.drain();
-    assert!(drained.status.success(), "drain: {}", String::from_utf8_lossy(&drained.stderr));
+    assert!(
+        drained.status.success(),
+        "drain: {}",
+        String::from_utf8_lossy(&drained.stderr)
+    );
     assert_eq!(p.wait_exit(MINUTE), Some(0));
     let report = inspect(&p.state);
-    let ids: u64 = report["tasks"].as_array().unwrap().iter().map(|t| t["ids"].as_u64().unwrap()).sum();
+    let ids: u64 = report["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["ids"].as_u64().unwrap())
+        .sum();
     assert_eq!(ids, 700, "the store holds every first occurrence");
     let changelog = app.read(&app.changelog());
-    assert_eq!(changelog.len(), 700, "one changelog record per first occurrence");
+    assert_eq!(
+        changelog.len(),
+        700,
+        "one changelog record per first occurrence"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -75,13 +92,30 @@ async fn bad_records_go_to_the_dead_letter_topic_with_a_reason_and_nothing_is_lo
     )
     .await;
     let t0 = now_ms();
-    let mut records: Vec<Input> = (0..20).map(|i| Input::cmd(&format!("ok-{i}"), t0 + i)).collect();
-    records.push(Input { key: Some("k".into()), value: Some(b"{not json".to_vec()), time: t0, ..Default::default() });
-    records.push(Input { key: Some("k".into()), value: Some(br#"{"other":1}"#.to_vec()), time: t0, ..Default::default() });
+    let mut records: Vec<Input> = (0..20)
+        .map(|i| Input::cmd(&format!("ok-{i}"), t0 + i))
+        .collect();
+    records.push(Input {
+        key: Some("k".into()),
+        value: Some(b"{not json".to_vec()),
+        time: t0,
+        ..Default::default()
+    });
+    records.push(Input {
+        key: Some("k".into()),
+        value: Some(br#"{"other":1}"#.to_vec()),
+        time: t0,
+        ..Default::default()
+    });
     let mut big = br#"{"id":"big","pad":""#.to_vec();
     big.extend(std::iter::repeat_n(b'x', 2048));
     big.extend(br#""}"#);
-    records.push(Input { key: Some("k".into()), value: Some(big), time: t0, ..Default::default() });
+    records.push(Input {
+        key: Some("k".into()),
+        value: Some(big),
+        time: t0,
+        ..Default::default()
+    });
     records.push(Input::cmd("ok-3", t0 + 50)); // a duplicate too
     let mut p = app.start("pod-0");
     p.wait_ready(MINUTE);
@@ -90,26 +124,65 @@ async fn bad_records_go_to_the_dead_letter_topic_with_a_reason_and_nothing_is_lo
     let dlq = app.wait_for_records(&app.dead_letters, 3, MINUTE);
     let output = app.wait_for_records(&app.output, 20, MINUTE);
     let dups = app.wait_for_records(&app.duplicates, 1, MINUTE);
-    let reasons: HashSet<_> = dlq.iter().map(|d| d.headers["streamapp.dlq.reason"].clone()).collect();
-    assert_eq!(reasons, HashSet::from(["invalid-json".to_string(), "missing-dedup-id".into(), "value-too-large".into()]));
-    assert!(dlq.iter().all(|d| d.headers["streamapp.dlq.source"].starts_with(&app.input)));
-    let too_large = dlq.iter().find(|d| d.headers["streamapp.dlq.reason"] == "value-too-large").unwrap();
-    assert_eq!(too_large.value.as_ref().unwrap().len(), 1024, "cut to the limit");
-    assert!(too_large.headers["streamapp.dlq.original-size"].parse::<usize>().unwrap() > 2048);
-    assert_eq!(output.len() + dups.len() + dlq.len(), records.len(), "input = output + duplicates + dead letters");
+    let reasons: HashSet<_> = dlq
+        .iter()
+        .map(|d| d.headers["streamapp.dlq.reason"].clone())
+        .collect();
+    assert_eq!(
+        reasons,
+        HashSet::from([
+            "invalid-json".to_string(),
+            "missing-dedup-id".into(),
+            "value-too-large".into()
+        ])
+    );
+    assert!(
+        dlq.iter()
+            .all(|d| d.headers["streamapp.dlq.source"].starts_with(&app.input))
+    );
+    let too_large = dlq
+        .iter()
+        .find(|d| d.headers["streamapp.dlq.reason"] == "value-too-large")
+        .unwrap();
+    assert_eq!(
+        too_large.value.as_ref().unwrap().len(),
+        1024,
+        "cut to the limit"
+    );
+    assert!(
+        too_large.headers["streamapp.dlq.original-size"]
+            .parse::<usize>()
+            .unwrap()
+            > 2048
+    );
+    assert_eq!(
+        output.len() + dups.len() + dlq.len(),
+        records.len(),
+        "input = output + duplicates + dead letters"
+    );
     assert!(p.is_ready(), "the pipeline keeps running");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_id_seen_after_the_retention_is_processed_again_and_expired_ids_leave_the_store() {
     let _serial = serial().await;
-    let app = App::create("retention", AppOptions { partitions: 1, retention: "10m", ..Default::default() }).await;
+    let app = App::create(
+        "retention",
+        AppOptions {
+            partitions: 1,
+            retention: "10m",
+            ..Default::default()
+        },
+    )
+    .await;
     let minute = 60_000;
     let t0 = now_ms() - 120 * minute;
     // 200 ids at record time t0, then the same ids 5 min later (duplicates), then again
     // 11 min after first seen (new), then 300 fresh ids an hour later that push stream time
     // far past everything else.
-    let mut records: Vec<Input> = (0..200).map(|i| Input::cmd(&format!("r-{i}"), t0)).collect();
+    let mut records: Vec<Input> = (0..200)
+        .map(|i| Input::cmd(&format!("r-{i}"), t0))
+        .collect();
     records.extend((0..200).map(|i| Input::cmd(&format!("r-{i}"), t0 + 5 * minute)));
     records.extend((0..200).map(|i| Input::cmd(&format!("r-{i}"), t0 + 11 * minute)));
     records.extend((0..300).map(|i| Input::cmd(&format!("later-{i}"), t0 + 60 * minute)));
@@ -119,9 +192,16 @@ async fn an_id_seen_after_the_retention_is_processed_again_and_expired_ids_leave
     let output = app.wait_for_records(&app.output, 700, MINUTE);
     let dups = app.wait_for_records(&app.duplicates, 200, MINUTE);
     let per_id = counts(&output);
-    assert_eq!(per_id["r-0"], 2, "seen again after the window: processed again");
+    assert_eq!(
+        per_id["r-0"], 2,
+        "seen again after the window: processed again"
+    );
     assert_eq!(per_id["later-0"], 1);
-    assert_eq!(dups.len(), 200, "only the repeats inside the window are duplicates");
+    assert_eq!(
+        dups.len(),
+        200,
+        "only the repeats inside the window are duplicates"
+    );
 
     assert!(p.drain().status.success());
     assert_eq!(p.wait_exit(MINUTE), Some(0));
@@ -138,22 +218,45 @@ async fn drain_writes_a_checkpoint_and_a_restart_restores_nothing_then_removes_i
     let t0 = now_ms();
     let mut p = app.start("pod-0");
     p.wait_ready(MINUTE);
-    app.produce(&(0..300).map(|i| Input::cmd(&format!("d-{i}"), t0 + i)).collect::<Vec<_>>());
+    app.produce(
+        &(0..300)
+            .map(|i| Input::cmd(&format!("d-{i}"), t0 + i))
+            .collect::<Vec<_>>(),
+    );
     app.wait_for_records(&app.output, 300, MINUTE);
 
     let out = p.drain();
-    assert!(out.status.success(), "drain failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "drain failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("drained"));
-    assert_eq!(p.wait_exit(MINUTE), Some(0), "a drained processor exits cleanly");
+    assert_eq!(
+        p.wait_exit(MINUTE),
+        Some(0),
+        "a drained processor exits cleanly"
+    );
     let health = p.health();
     assert_eq!(health.phase, streamapp_api::health::ProcessorPhase::Drained);
     assert!(health.drain_duration_ms.is_some());
     let report = inspect(&p.state);
     for task in report["tasks"].as_array().unwrap() {
-        let checkpoint = task["checkpoint"].as_array().expect("a checkpoint per task");
-        let changelog_entry = checkpoint.iter().find(|e| e[0] == app.changelog()).expect("changelog offset");
-        assert_eq!(changelog_entry[2], task["changelogOffset"], "checkpoint matches the store's own offset");
-        assert!(checkpoint.iter().any(|e| e[0] == app.input.as_str()), "input offset in the checkpoint");
+        let checkpoint = task["checkpoint"]
+            .as_array()
+            .expect("a checkpoint per task");
+        let changelog_entry = checkpoint
+            .iter()
+            .find(|e| e[0] == app.changelog())
+            .expect("changelog offset");
+        assert_eq!(
+            changelog_entry[2], task["changelogOffset"],
+            "checkpoint matches the store's own offset"
+        );
+        assert!(
+            checkpoint.iter().any(|e| e[0] == app.input.as_str()),
+            "input offset in the checkpoint"
+        );
     }
 
     let mut p = app.start("pod-0");
@@ -162,12 +265,27 @@ async fn drain_writes_a_checkpoint_and_a_restart_restores_nothing_then_removes_i
     assert_eq!(health.previous_shutdown_clean, Some(true));
     for task in &health.tasks {
         assert_eq!(task.opened, Some(streamapp_api::health::StoreOpen::Clean));
-        assert_eq!(task.restore.as_ref().unwrap().records_restored, 0, "a drained store restores nothing");
+        assert_eq!(
+            task.restore.as_ref().unwrap().records_restored,
+            0,
+            "a drained store restores nothing"
+        );
     }
     let report = inspect(&p.state);
-    assert!(report["tasks"].as_array().unwrap().iter().all(|t| t["checkpoint"].is_null()), "checkpoints removed once processing resumed");
+    assert!(
+        report["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["checkpoint"].is_null()),
+        "checkpoints removed once processing resumed"
+    );
     // Still exactly once after the restart.
-    app.produce(&(0..300).map(|i| Input::cmd(&format!("d-{i}"), t0 + 1000 + i)).collect::<Vec<_>>());
+    app.produce(
+        &(0..300)
+            .map(|i| Input::cmd(&format!("d-{i}"), t0 + 1000 + i))
+            .collect::<Vec<_>>(),
+    );
     app.wait_for_records(&app.duplicates, 300, MINUTE);
     assert_eq!(app.read(&app.output).len(), 300);
 }
@@ -175,20 +293,44 @@ async fn drain_writes_a_checkpoint_and_a_restart_restores_nothing_then_removes_i
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_process_with_the_same_pod_identity_fences_the_first() {
     let _serial = serial().await;
-    let app = App::create("fence", AppOptions { partitions: 1, ..Default::default() }).await;
+    let app = App::create(
+        "fence",
+        AppOptions {
+            partitions: 1,
+            ..Default::default()
+        },
+    )
+    .await;
     let t0 = now_ms();
     let mut old = app.start("pod-0");
     old.wait_ready(MINUTE);
-    app.produce(&(0..100).map(|i| Input::cmd(&format!("f-{i}"), t0 + i)).collect::<Vec<_>>());
+    app.produce(
+        &(0..100)
+            .map(|i| Input::cmd(&format!("f-{i}"), t0 + i))
+            .collect::<Vec<_>>(),
+    );
     app.wait_for_records(&app.output, 100, MINUTE);
 
     // Same pod identity, another state dir (as a stuck old pod and its replacement would).
     let replacement = clone_app(&app);
     let mut new = replacement.start("pod-0");
-    app.produce(&(100..200).map(|i| Input::cmd(&format!("f-{i}"), t0 + i)).collect::<Vec<_>>());
+    app.produce(
+        &(100..200)
+            .map(|i| Input::cmd(&format!("f-{i}"), t0 + i))
+            .collect::<Vec<_>>(),
+    );
     let code = old.wait_exit(MINUTE);
-    assert_eq!(code, Some(3), "the older instance stops with the 'fenced' exit code:\n{}", old.log_tail());
-    assert!(old.log_text().contains("fenced"), "says why:\n{}", old.log_tail());
+    assert_eq!(
+        code,
+        Some(3),
+        "the older instance stops with the 'fenced' exit code:\n{}",
+        old.log_tail()
+    );
+    assert!(
+        old.log_text().contains("fenced"),
+        "says why:\n{}",
+        old.log_tail()
+    );
     new.wait_ready(MINUTE);
     let output = app.wait_for_records(&app.output, 200, MINUTE);
     std::thread::sleep(Duration::from_secs(1));
@@ -200,14 +342,25 @@ async fn a_second_process_with_the_same_pod_identity_fences_the_first() {
 #[tokio::test(flavor = "multi_thread")]
 async fn start_up_fails_with_a_clear_message_when_the_changelog_partitions_differ_from_the_input() {
     let _serial = serial().await;
-    let app = App::create("mismatch", AppOptions { partitions: 3, ..Default::default() }).await;
+    let app = App::create(
+        "mismatch",
+        AppOptions {
+            partitions: 3,
+            ..Default::default()
+        },
+    )
+    .await;
     testbed::kafka::create_topic(&app.changelog(), 2).await;
     let mut p = app.start("pod-0");
     let code = p.wait_exit(MINUTE);
     assert_eq!(code, Some(1));
     let log = p.log_text();
     assert!(
-        log.contains(&format!("changelog topic {} has 2 partitions but input topic {} has 3", app.changelog(), app.input)),
+        log.contains(&format!(
+            "changelog topic {} has 2 partitions but input topic {} has 3",
+            app.changelog(),
+            app.input
+        )),
         "unexpected message:\n{log}"
     );
 }
@@ -215,10 +368,23 @@ async fn start_up_fails_with_a_clear_message_when_the_changelog_partitions_diffe
 #[tokio::test(flavor = "multi_thread")]
 async fn invalid_configuration_is_refused_naming_the_field() {
     let _serial = serial().await;
-    let app = App::create("badconfig", AppOptions { partitions: 1, retention: "50ms", ..Default::default() }).await;
+    let app = App::create(
+        "badconfig",
+        AppOptions {
+            partitions: 1,
+            retention: "50ms",
+            ..Default::default()
+        },
+    )
+    .await;
     let mut p = app.start("pod-0");
     assert_eq!(p.wait_exit(MINUTE), Some(2));
-    assert!(p.log_text().contains("topology.retention: must be greater than topology.commitInterval"), "{}", p.log_text());
+    assert!(
+        p.log_text()
+            .contains("topology.retention: must be greater than topology.commitInterval"),
+        "{}",
+        p.log_text()
+    );
 }
 
 fn clone_app(app: &App) -> App {

@@ -92,7 +92,16 @@ impl App {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("processor.yaml");
         std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
-        App { id, input, output, duplicates, dead_letters, partitions: opts.partitions, dir, config: config_path }
+        App {
+            id,
+            input,
+            output,
+            duplicates,
+            dead_letters,
+            partitions: opts.partitions,
+            dir,
+            config: config_path,
+        }
     }
 
     pub fn changelog(&self) -> String {
@@ -114,7 +123,11 @@ impl App {
         let state = self.state_dir(pod);
         std::fs::create_dir_all(&state).unwrap();
         let log_path = self.dir.path().join(format!("{pod}.log"));
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap();
         let mut cmd = Command::new(BIN);
         cmd.arg("run")
             .env("STREAMAPP_CONFIG", &self.config)
@@ -128,19 +141,33 @@ impl App {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("starting streamapp-processor");
-        Processor { child: Some(child), pod: pod.into(), port, state, log: log_path }
+        Processor {
+            child: Some(child),
+            pod: pod.into(),
+            port,
+            state,
+            log: log_path,
+        }
     }
 
     /// Produces `records` (key, value, headers) to the input, non-transactionally, with
     /// explicit record times, and waits until the broker has them.
     pub fn produce(&self, records: &[Input]) {
-        let producer: BaseProducer = kafka::client_config().set("linger.ms", "5").create().unwrap();
+        let producer: BaseProducer = kafka::client_config()
+            .set("linger.ms", "5")
+            .create()
+            .unwrap();
         for r in records {
             let mut headers = OwnedHeaders::new();
             for (k, v) in &r.headers {
-                headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
+                headers = headers.insert(Header {
+                    key: k,
+                    value: Some(v.as_bytes()),
+                });
             }
-            let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.input).headers(headers).timestamp(r.time);
+            let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.input)
+                .headers(headers)
+                .timestamp(r.time);
             if let Some(k) = &r.key {
                 record = record.key(k.as_bytes());
             }
@@ -172,7 +199,12 @@ impl App {
                 .headers()
                 .map(|h| {
                     h.iter()
-                        .map(|x| (x.key.to_string(), String::from_utf8_lossy(x.value.unwrap_or_default()).into_owned()))
+                        .map(|x| {
+                            (
+                                x.key.to_string(),
+                                String::from_utf8_lossy(x.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
@@ -256,7 +288,11 @@ pub struct Output {
 
 impl Output {
     pub fn id(&self) -> String {
-        self.headers.get("streamapp.dedup.id").cloned().or_else(|| self.key.clone()).unwrap_or_default()
+        self.headers
+            .get("streamapp.dedup.id")
+            .cloned()
+            .or_else(|| self.key.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -275,8 +311,13 @@ impl Processor {
     }
 
     pub fn is_ready(&self) -> bool {
-        streamapp_api::probe::call(self.addr(), "GET", streamapp_api::probe::READYZ, Duration::from_secs(2))
-            .is_ok_and(|r| r.status == 200)
+        streamapp_api::probe::call(
+            self.addr(),
+            "GET",
+            streamapp_api::probe::READYZ,
+            Duration::from_secs(2),
+        )
+        .is_ok_and(|r| r.status == 200)
     }
 
     /// Waits for /readyz (all stores restored, processing).
@@ -284,9 +325,18 @@ impl Processor {
         let deadline = Instant::now() + timeout;
         while !self.is_ready() {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
-                panic!("processor {} exited with {status} before it was ready:\n{}", self.pod, self.log_tail());
+                panic!(
+                    "processor {} exited with {status} before it was ready:\n{}",
+                    self.pod,
+                    self.log_tail()
+                );
             }
-            assert!(Instant::now() < deadline, "processor {} not ready after {timeout:?}:\n{}", self.pod, self.log_tail());
+            assert!(
+                Instant::now() < deadline,
+                "processor {} not ready after {timeout:?}:\n{}",
+                self.pod,
+                self.log_tail()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -301,9 +351,14 @@ impl Processor {
 
     /// Runs `streamapp-processor drain` against this processor (as the preStop hook does).
     pub fn drain(&mut self) -> std::process::Output {
-        
         Command::new(BIN)
-            .args(["drain", "--port", &self.port.to_string(), "--timeout", "60s"])
+            .args([
+                "drain",
+                "--port",
+                &self.port.to_string(),
+                "--timeout",
+                "60s",
+            ])
             .output()
             .expect("running drain")
     }
@@ -317,7 +372,12 @@ impl Processor {
                 self.child = None;
                 return status.code();
             }
-            assert!(Instant::now() < deadline, "processor {} did not exit within {timeout:?}:\n{}", self.pod, self.log_tail());
+            assert!(
+                Instant::now() < deadline,
+                "processor {} did not exit within {timeout:?}:\n{}",
+                self.pod,
+                self.log_tail()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -334,7 +394,8 @@ impl Processor {
 
     /// The processor's health file.
     pub fn health(&self) -> streamapp_api::health::ProcessorHealth {
-        let bytes = std::fs::read(self.state.join(streamapp_api::health::HEALTH_FILE)).expect("health file");
+        let bytes = std::fs::read(self.state.join(streamapp_api::health::HEALTH_FILE))
+            .expect("health file");
         serde_json::from_slice(&bytes).expect("health file parses")
     }
 }
@@ -347,13 +408,22 @@ impl Drop for Processor {
 
 /// `streamapp-processor inspect --json <dir>`.
 pub fn inspect(state: &Path) -> serde_json::Value {
-    let out = Command::new(BIN).args(["inspect", "--json"]).arg(state).stderr(Stdio::inherit()).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["inspect", "--json"])
+        .arg(state)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
     assert!(out.status.success(), "inspect failed");
     serde_json::from_slice(&out.stdout).expect("inspect prints JSON")
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Counts of each id in `records`.
@@ -366,5 +436,8 @@ pub fn counts(records: &[Output]) -> HashMap<String, usize> {
 }
 
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
