@@ -79,6 +79,11 @@ up() {
   done
   kubectl -n "$app_ns" get pods -o wide
 
+  # Counts before, so that a second run of the demo reports only what it added.
+  local before_in before_out before_dups before_dlq
+  before_in=$(count "$input") before_out=$(count "$input.deduped")
+  before_dups=$(count "$input.duplicates") before_dlq=$(count "$input.dlq")
+
   step "Producing 5000 sample commands (30% repeated ids) and 10 malformed records"
   "$bin/demo-commands" produce --topic "$input" --count 5000 --duplicates 0.3 --bad 10 | tee "$demo/produced.txt"
   local distinct
@@ -86,15 +91,15 @@ up() {
 
   step "Waiting for the processors to commit everything"
   deadline=$((SECONDS + 120))
-  until [[ $(count "$input.deduped") -ge $distinct ]]; do
-    ((SECONDS < deadline)) || die "the output did not reach $distinct records; logs in $demo/pods"
+  until (($(count "$input.deduped") - before_out >= distinct)); do
+    ((SECONDS < deadline)) || die "the output did not reach $distinct new records; logs in $demo/pods"
     sleep 2
   done
   sleep 2
-  echo "  input:       $(count "$input") records"
-  echo "  deduped:     $(count "$input.deduped") (one per command id; $distinct distinct ids were produced)"
-  echo "  duplicates:  $(count "$input.duplicates")"
-  echo "  dead letters: $(count "$input.dlq") (with a streamapp.dlq.reason header)"
+  echo "  input:        $(($(count "$input") - before_in)) records"
+  echo "  deduped:      $(($(count "$input.deduped") - before_out)) (one per command id: $distinct distinct ids were produced)"
+  echo "  duplicates:   $(($(count "$input.duplicates") - before_dups))"
+  echo "  dead letters: $(($(count "$input.dlq") - before_dlq)) (each with a streamapp.dlq.reason header)"
 
   step "Waiting for the agents' next reports"
   sleep 12

@@ -78,7 +78,11 @@ pub struct DedupId {
 
 impl Default for DedupId {
     fn default() -> Self {
-        DedupId { source: DedupIdSource::Key, header: None, json_pointer: None }
+        DedupId {
+            source: DedupIdSource::Key,
+            header: None,
+            json_pointer: None,
+        }
     }
 }
 
@@ -304,10 +308,26 @@ impl RocksDbTuning {
             }
             Ok(())
         };
-        q("rocksdb.blockCacheSize", &self.block_cache_size, &mut r.block_cache_bytes)?;
-        q("rocksdb.writeBufferSize", &self.write_buffer_size, &mut r.write_buffer_bytes)?;
-        q("rocksdb.blockSize", &self.block_size, &mut r.block_size_bytes)?;
-        q("rocksdb.memtableBudget", &self.memtable_budget, &mut r.memtable_budget_bytes)?;
+        q(
+            "rocksdb.blockCacheSize",
+            &self.block_cache_size,
+            &mut r.block_cache_bytes,
+        )?;
+        q(
+            "rocksdb.writeBufferSize",
+            &self.write_buffer_size,
+            &mut r.write_buffer_bytes,
+        )?;
+        q(
+            "rocksdb.blockSize",
+            &self.block_size,
+            &mut r.block_size_bytes,
+        )?;
+        q(
+            "rocksdb.memtableBudget",
+            &self.memtable_budget,
+            &mut r.memtable_budget_bytes,
+        )?;
         if let Some(n) = self.max_write_buffer_number {
             r.max_write_buffer_number = n;
         }
@@ -331,12 +351,20 @@ impl RocksDbTuning {
                 r.wal_recovery_mode = v;
             }
             if let Some(v) = wal.ttl_seconds {
-                r.wal_ttl_seconds = u64::try_from(v).map_err(|_| ConfigError::field("rocksdb.wal.ttlSeconds", "must not be negative"))?;
+                r.wal_ttl_seconds = u64::try_from(v).map_err(|_| {
+                    ConfigError::field("rocksdb.wal.ttlSeconds", "must not be negative")
+                })?;
             }
             if let Some(v) = wal.size_limit_mb {
-                r.wal_size_limit_mb = u64::try_from(v).map_err(|_| ConfigError::field("rocksdb.wal.sizeLimitMb", "must not be negative"))?;
+                r.wal_size_limit_mb = u64::try_from(v).map_err(|_| {
+                    ConfigError::field("rocksdb.wal.sizeLimitMb", "must not be negative")
+                })?;
             }
-            q("rocksdb.wal.maxTotalSize", &wal.max_total_size, &mut r.wal_max_total_bytes)?;
+            q(
+                "rocksdb.wal.maxTotalSize",
+                &wal.max_total_size,
+                &mut r.wal_max_total_bytes,
+            )?;
             if let Some(v) = wal.sync_on_commit {
                 r.wal_sync_on_commit = v;
             }
@@ -349,16 +377,28 @@ impl RocksDbTuning {
             ));
         }
         if !(2..=16).contains(&r.max_write_buffer_number) {
-            return Err(ConfigError::field("rocksdb.maxWriteBufferNumber", "must be between 2 and 16"));
+            return Err(ConfigError::field(
+                "rocksdb.maxWriteBufferNumber",
+                "must be between 2 and 16",
+            ));
         }
         if r.block_size_bytes < 1024 {
-            return Err(ConfigError::field("rocksdb.blockSize", "must be at least 1Ki"));
+            return Err(ConfigError::field(
+                "rocksdb.blockSize",
+                "must be at least 1Ki",
+            ));
         }
         if r.write_buffer_bytes < (1 << 20) {
-            return Err(ConfigError::field("rocksdb.writeBufferSize", "must be at least 1Mi"));
+            return Err(ConfigError::field(
+                "rocksdb.writeBufferSize",
+                "must be at least 1Mi",
+            ));
         }
         if r.memtable_budget_bytes < r.write_buffer_bytes {
-            return Err(ConfigError::field("rocksdb.memtableBudget", "must be at least rocksdb.writeBufferSize"));
+            return Err(ConfigError::field(
+                "rocksdb.memtableBudget",
+                "must be at least rocksdb.writeBufferSize",
+            ));
         }
         Ok(r)
     }
@@ -435,7 +475,10 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub fn field(field: &str, message: impl ToString) -> Self {
-        ConfigError { field: field.into(), message: message.to_string() }
+        ConfigError {
+            field: field.into(),
+            message: message.to_string(),
+        }
     }
 }
 
@@ -458,16 +501,23 @@ pub struct ResolvedTopology {
 impl Topology {
     /// Checks what the schema cannot and parses durations. Errors name the field.
     pub fn resolve(&self) -> Result<ResolvedTopology, ConfigError> {
-        let retention = parse_duration(&self.retention).map_err(|e| ConfigError::field("topology.retention", e))?;
-        let commit_interval =
-            parse_duration(&self.commit_interval).map_err(|e| ConfigError::field("topology.commitInterval", e))?;
-        let max_value_bytes =
-            parse_quantity(&self.max_value_size).map_err(|e| ConfigError::field("topology.maxValueSize", e))?;
+        let retention = parse_duration(&self.retention)
+            .map_err(|e| ConfigError::field("topology.retention", e))?;
+        let commit_interval = parse_duration(&self.commit_interval)
+            .map_err(|e| ConfigError::field("topology.commitInterval", e))?;
+        let max_value_bytes = parse_quantity(&self.max_value_size)
+            .map_err(|e| ConfigError::field("topology.maxValueSize", e))?;
         if commit_interval.is_zero() {
-            return Err(ConfigError::field("topology.commitInterval", "must be greater than 0"));
+            return Err(ConfigError::field(
+                "topology.commitInterval",
+                "must be greater than 0",
+            ));
         }
         if retention <= commit_interval {
-            return Err(ConfigError::field("topology.retention", "must be greater than topology.commitInterval"));
+            return Err(ConfigError::field(
+                "topology.retention",
+                "must be greater than topology.commitInterval",
+            ));
         }
         let mut topics = vec![
             ("topology.inputTopic", &self.input_topic),
@@ -482,12 +532,18 @@ impl Topology {
                 return Err(ConfigError::field(field, "must not be empty"));
             }
             if let Some((other, _)) = topics[..i].iter().find(|(_, t)| t == topic) {
-                return Err(ConfigError::field(field, format!("must differ from {other} (both are {topic:?})")));
+                return Err(ConfigError::field(
+                    field,
+                    format!("must differ from {other} (both are {topic:?})"),
+                ));
             }
         }
         match self.dedup_id.source {
             DedupIdSource::Header if self.dedup_id.header.as_deref().unwrap_or("").is_empty() => {
-                return Err(ConfigError::field("topology.dedupId.header", "is required when source is Header"));
+                return Err(ConfigError::field(
+                    "topology.dedupId.header",
+                    "is required when source is Header",
+                ));
             }
             DedupIdSource::JsonPointer => {
                 let p = self.dedup_id.json_pointer.as_deref().unwrap_or("");
@@ -500,7 +556,11 @@ impl Topology {
             }
             _ => {}
         }
-        Ok(ResolvedTopology { retention, commit_interval, max_value_bytes })
+        Ok(ResolvedTopology {
+            retention,
+            commit_interval,
+            max_value_bytes,
+        })
     }
 }
 
@@ -508,7 +568,10 @@ impl ProcessorConfig {
     /// Checks the whole configuration. Errors name the field.
     pub fn validate(&self) -> Result<(ResolvedTopology, ResolvedRocksDb), ConfigError> {
         if self.application_id.is_empty()
-            || !self.application_id.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+            || !self
+                .application_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
         {
             return Err(ConfigError::field(
                 "applicationId",
@@ -516,7 +579,10 @@ impl ProcessorConfig {
             ));
         }
         if self.kafka.bootstrap_servers.trim().is_empty() {
-            return Err(ConfigError::field("kafka.bootstrapServers", "must not be empty"));
+            return Err(ConfigError::field(
+                "kafka.bootstrapServers",
+                "must not be empty",
+            ));
         }
         for key in self.kafka.properties.keys() {
             if RESERVED_KAFKA_PROPERTIES.contains(&key.as_str()) {
@@ -566,13 +632,19 @@ mod tests {
 
     #[test]
     fn retention_must_exceed_commit_interval() {
-        let t = Topology { retention: "100ms".into(), ..topology() };
+        let t = Topology {
+            retention: "100ms".into(),
+            ..topology()
+        };
         assert_eq!(t.resolve().unwrap_err().field, "topology.retention");
     }
 
     #[test]
     fn topics_must_be_distinct() {
-        let t = Topology { output_topic: "in".into(), ..topology() };
+        let t = Topology {
+            output_topic: "in".into(),
+            ..topology()
+        };
         let e = t.resolve().unwrap_err();
         assert_eq!(e.field, "topology.outputTopic");
         assert!(e.message.contains("topology.inputTopic"), "{e}");
@@ -581,7 +653,11 @@ mod tests {
     #[test]
     fn header_source_needs_a_header_name() {
         let t = Topology {
-            dedup_id: DedupId { source: DedupIdSource::Header, header: None, json_pointer: None },
+            dedup_id: DedupId {
+                source: DedupIdSource::Header,
+                header: None,
+                json_pointer: None,
+            },
             ..topology()
         };
         assert_eq!(t.resolve().unwrap_err().field, "topology.dedupId.header");
@@ -590,10 +666,16 @@ mod tests {
     #[test]
     fn skip_any_corrupted_records_is_refused() {
         let tuning = RocksDbTuning {
-            wal: Some(WalTuning { recovery_mode: Some(WalRecoveryMode::SkipAnyCorruptedRecords), ..Default::default() }),
+            wal: Some(WalTuning {
+                recovery_mode: Some(WalRecoveryMode::SkipAnyCorruptedRecords),
+                ..Default::default()
+            }),
             ..Default::default()
         };
-        assert_eq!(tuning.resolve().unwrap_err().field, "rocksdb.wal.recoveryMode");
+        assert_eq!(
+            tuning.resolve().unwrap_err().field,
+            "rocksdb.wal.recoveryMode"
+        );
     }
 
     #[test]
@@ -615,7 +697,11 @@ mod tests {
             application_id: "app".into(),
             kafka: KafkaClient {
                 bootstrap_servers: "k:9092".into(),
-                properties: [("isolation.level".to_string(), "read_uncommitted".to_string())].into(),
+                properties: [(
+                    "isolation.level".to_string(),
+                    "read_uncommitted".to_string(),
+                )]
+                .into(),
             },
             topology: topology(),
             rocksdb: RocksDbTuning::default(),
@@ -624,6 +710,9 @@ mod tests {
             http_port: 8080,
             drain_timeout: default_drain_timeout(),
         };
-        assert_eq!(config.validate().unwrap_err().field, "kafka.properties.isolation.level");
+        assert_eq!(
+            config.validate().unwrap_err().field,
+            "kafka.properties.isolation.level"
+        );
     }
 }

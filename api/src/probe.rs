@@ -22,16 +22,31 @@ pub struct Response {
 }
 
 /// Sends `method path` to `addr` and reads the whole response, within `timeout`.
-pub fn call(addr: SocketAddr, method: &str, path: &str, timeout: Duration) -> std::io::Result<Response> {
+pub fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    timeout: Duration,
+) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
-    write!(stream, "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw);
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed HTTP response");
-    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(bad)?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok(Response { status, body })
 }

@@ -67,7 +67,9 @@ pub fn parse_quantity(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
     let (num, suffix) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a quantity (write it like 512Mi or 2Gi)"))?;
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a quantity (write it like 512Mi or 2Gi)"))?;
     let mult: f64 = match suffix {
         "" => 1.0,
         "k" => 1e3,
@@ -85,7 +87,12 @@ pub fn parse_quantity(s: &str) -> Result<u64, String> {
 
 /// Writes bytes in the largest binary unit that divides them (`64Mi`, `1Gi`, `1000`).
 pub fn format_quantity(bytes: u64) -> String {
-    for (unit, size) in [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)] {
+    for (unit, size) in [
+        ("Ti", 1u64 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ] {
         if bytes >= size && bytes.is_multiple_of(size) {
             return format!("{}{unit}", bytes / size);
         }

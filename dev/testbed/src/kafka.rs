@@ -44,14 +44,18 @@ pub async fn create_topic(name: &str, partitions: i32) {
 
 /// Like [`create_topic`], with topic configs such as `("cleanup.policy", "compact")`.
 pub async fn create_topic_with(name: &str, partitions: i32, configs: &[(&str, &str)]) {
-    let admin: AdminClient<DefaultClientContext> =
-        client_config().create().expect("creating a Kafka admin client");
+    let admin: AdminClient<DefaultClientContext> = client_config()
+        .create()
+        .expect("creating a Kafka admin client");
     let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
     for (k, v) in configs {
         topic = topic.set(k, v);
     }
     let results = admin
-        .create_topics([&topic], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))))
+        .create_topics(
+            [&topic],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+        )
         .await
         .expect("create_topics request");
     for r in results {
@@ -83,7 +87,11 @@ pub enum Isolation {
 
 /// Reads every partition of `topic` from the beginning up to its current end (the last stable
 /// offset under read_committed) and hands each record to `f`. Returns the number of records.
-pub fn read_all(topic: &str, isolation: Isolation, mut f: impl FnMut(&BorrowedMessage<'_>)) -> usize {
+pub fn read_all(
+    topic: &str,
+    isolation: Isolation,
+    mut f: impl FnMut(&BorrowedMessage<'_>),
+) -> usize {
     let consumer: BaseConsumer = client_config()
         .set("group.id", crate::unique_name("testbed-reader"))
         .set("enable.auto.commit", "false")
@@ -104,14 +112,18 @@ pub fn read_all(topic: &str, isolation: Isolation, mut f: impl FnMut(&BorrowedMe
     assert!(partitions > 0, "topic {topic} does not exist");
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        tpl.add_partition_offset(topic, p as i32, Offset::Beginning).unwrap();
+        tpl.add_partition_offset(topic, p as i32, Offset::Beginning)
+            .unwrap();
     }
     consumer.assign(&tpl).expect("assign");
     let mut at_end = vec![false; partitions];
     let mut count = 0;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while at_end.iter().any(|e| !e) {
-        assert!(std::time::Instant::now() < deadline, "reading {topic} did not reach its end in 60 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "reading {topic} did not reach its end in 60 s"
+        );
         match consumer.poll(Duration::from_millis(200)) {
             None => {}
             Some(Ok(m)) => {

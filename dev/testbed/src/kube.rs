@@ -115,14 +115,20 @@ pub async fn set_pod_ready(client: &Client, namespace: &str, pod: &str, ready: b
 }
 
 /// [`set_pod_ready`] for long-running callers (the demo's local kubelet): errors are returned.
-pub async fn try_set_pod_ready(client: &Client, namespace: &str, pod: &str, ready: bool) -> Result<(), kube::Error> {
+pub async fn try_set_pod_ready(
+    client: &Client,
+    namespace: &str,
+    pod: &str,
+    ready: bool,
+) -> Result<(), kube::Error> {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::{Patch, PatchParams};
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let status = pods.get_status(pod).await?.status.unwrap_or_default();
     let flag = if ready { "True" } else { "False" };
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
     let mut conditions = status.conditions.unwrap_or_default();
     for type_ in ["Ready", "ContainersReady"] {
         match conditions.iter_mut().find(|c| c.type_ == type_) {
@@ -147,7 +153,8 @@ pub async fn try_set_pod_ready(client: &Client, namespace: &str, pod: &str, read
     }
     // Container statuses are an atomic list: the whole list is sent back.
     let patch = serde_json::json!({ "status": { "conditions": conditions, "containerStatuses": containers } });
-    pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
     Ok(())
 }
 

@@ -16,9 +16,12 @@ pub fn run_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("STREAMAPP_RUN") {
         return dir.into();
     }
-    let cache = std::env::var_os("STREAMAPP_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/streamapp")
-    });
+    let cache = std::env::var_os("STREAMAPP_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is not set"))
+                .join(".cache/streamapp")
+        });
     cache.join("run")
 }
 

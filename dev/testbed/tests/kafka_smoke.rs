@@ -21,7 +21,9 @@ async fn read_committed_sees_committed_records_only_and_read_uncommitted_sees_al
             .map_err(|(e, _)| e)
             .unwrap();
     }
-    producer.commit_transaction(Duration::from_secs(30)).unwrap();
+    producer
+        .commit_transaction(Duration::from_secs(30))
+        .unwrap();
 
     producer.begin_transaction().unwrap();
     for i in 0..ABORTED {

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::Api;
-use testbed::kube::{wait_for, TestNamespace};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use testbed::kube::{TestNamespace, wait_for};
 
 #[tokio::test]
 async fn statefulset_pods_run_on_the_fake_node_with_bound_volumes_and_are_garbage_collected() {
@@ -47,15 +47,26 @@ async fn statefulset_pods_run_on_the_fake_node_with_bound_volumes_and_are_garbag
     wait_for(Duration::from_secs(90), "2 pods Running", || async {
         let list = pods.list(&selector).await.unwrap();
         list.items.len() == 2
-            && list.items.iter().all(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            && list
+                .items
+                .iter()
+                .all(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
     })
     .await;
     for pod in pods.list(&selector).await.unwrap() {
         let spec = pod.spec.unwrap();
-        assert_eq!(spec.node_name.as_deref(), Some("kwok-node-0"), "scheduled on the kwok node");
+        assert_eq!(
+            spec.node_name.as_deref(),
+            Some("kwok-node-0"),
+            "scheduled on the kwok node"
+        );
     }
     let list = claims.list(&ListParams::default()).await.unwrap();
-    let mut names: Vec<_> = list.items.iter().map(|c| c.metadata.name.clone().unwrap()).collect();
+    let mut names: Vec<_> = list
+        .items
+        .iter()
+        .map(|c| c.metadata.name.clone().unwrap())
+        .collect();
     names.sort();
     assert_eq!(names, ["data-web-0", "data-web-1"]);
     for claim in &list.items {
@@ -64,10 +75,14 @@ async fn statefulset_pods_run_on_the_fake_node_with_bound_volumes_and_are_garbag
         assert_eq!(status.capacity.as_ref().unwrap()["storage"].0, "1Gi");
     }
 
-    sets.delete("web", &DeleteParams::background()).await.unwrap();
-    wait_for(Duration::from_secs(60), "the pods to be garbage-collected", || async {
-        pods.list(&selector).await.unwrap().items.is_empty()
-    })
+    sets.delete("web", &DeleteParams::background())
+        .await
+        .unwrap();
+    wait_for(
+        Duration::from_secs(60),
+        "the pods to be garbage-collected",
+        || async { pods.list(&selector).await.unwrap().items.is_empty() },
+    )
     .await;
     ns.delete().await;
 }

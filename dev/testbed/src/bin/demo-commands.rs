@@ -41,7 +41,9 @@ async fn main() {
         Cmd::CreateTopics { topics } => {
             let existing = existing_topics();
             for t in topics {
-                let (name, partitions) = t.split_once(':').map_or((t.as_str(), 1), |(n, p)| (n, p.parse().expect("partitions")));
+                let (name, partitions) = t.split_once(':').map_or((t.as_str(), 1), |(n, p)| {
+                    (n, p.parse().expect("partitions"))
+                });
                 if existing.contains(&name.to_string()) {
                     println!("topic {name} exists");
                 } else {
@@ -50,8 +52,16 @@ async fn main() {
                 }
             }
         }
-        Cmd::Produce { topic, count, duplicates, bad } => {
-            let producer: BaseProducer = kafka::client_config().set("linger.ms", "5").create().expect("producer");
+        Cmd::Produce {
+            topic,
+            count,
+            duplicates,
+            bad,
+        } => {
+            let producer: BaseProducer = kafka::client_config()
+                .set("linger.ms", "5")
+                .create()
+                .expect("producer");
             let mut rng = rand::rng();
             let run = format!("{:06x}", rng.random_range(0..0xffffffu32));
             let mut fresh = 0usize;
@@ -76,7 +86,11 @@ async fn main() {
                     fresh += 1;
                     format!("cmd-{run}-{}", fresh - 1)
                 };
-                let value = format!(r#"{{"commandId":"{id}","account":"acct-{}","amount":{}}}"#, i % 97, i % 1000);
+                let value = format!(
+                    r#"{{"commandId":"{id}","account":"acct-{}","amount":{}}}"#,
+                    i % 97,
+                    i % 1000
+                );
                 send(&id, value);
             }
             for i in 0..bad {
@@ -87,10 +101,16 @@ async fn main() {
                 }
             }
             producer.flush(Duration::from_secs(30)).expect("flush");
-            println!("produced {} commands: {fresh} distinct ids, {repeats} repeats, {bad} malformed", count + bad);
+            println!(
+                "produced {} commands: {fresh} distinct ids, {repeats} repeats, {bad} malformed",
+                count + bad
+            );
         }
         Cmd::Count { topic } => {
-            println!("{}", kafka::read_all(&topic, Isolation::ReadCommitted, |_| {}));
+            println!(
+                "{}",
+                kafka::read_all(&topic, Isolation::ReadCommitted, |_| {})
+            );
         }
     }
 }
@@ -98,6 +118,8 @@ async fn main() {
 fn existing_topics() -> Vec<String> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let c: BaseConsumer = kafka::client_config().create().expect("client");
-    let md = c.fetch_metadata(None, Duration::from_secs(10)).expect("metadata");
+    let md = c
+        .fetch_metadata(None, Duration::from_secs(10))
+        .expect("metadata");
     md.topics().iter().map(|t| t.name().to_string()).collect()
 }

@@ -23,14 +23,18 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+};
 use kube::api::{ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, ResourceExt};
 use tracing::{info, warn};
 
 #[derive(Parser)]
-#[command(about = "Runs the processes of StreamApp pods scheduled on the local test bed's fake node")]
+#[command(
+    about = "Runs the processes of StreamApp pods scheduled on the local test bed's fake node"
+)]
 struct Args {
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: PathBuf,
@@ -85,7 +89,10 @@ impl Launch {
         if Instant::now() < self.next_start {
             return Ok(());
         }
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
         let child = Command::new(&self.program)
             .args(&self.args)
             .env_clear()
@@ -104,8 +111,12 @@ impl Launch {
 
     /// SIGTERM, then SIGKILL after `grace`.
     fn stop(&mut self, grace: Duration) {
-        let Some(mut child) = self.child.take() else { return };
-        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
@@ -123,7 +134,8 @@ async fn main() -> Result<()> {
     tracing_subscriber::fmt().with_env_filter("info").init();
     let args = Args::parse();
     let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)?;
-    let config = Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default()).await?;
+    let config =
+        Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default()).await?;
     let client = Client::try_from(config)?;
     let mut pods: BTreeMap<String, PodProcesses> = BTreeMap::new();
     let mut next_port = args.base_port;
@@ -157,11 +169,22 @@ async fn sync(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let list = api.list(&ListParams::default().labels("streamapp.dev/app")).await?;
+    let list = api
+        .list(&ListParams::default().labels("streamapp.dev/app"))
+        .await?;
     let mut live = Vec::new();
     for pod in list.items {
-        let key = format!("{}/{}/{}", pod.namespace().unwrap_or_default(), pod.name_any(), pod.uid().unwrap_or_default());
-        let scheduled = pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+        let key = format!(
+            "{}/{}/{}",
+            pod.namespace().unwrap_or_default(),
+            pod.name_any(),
+            pod.uid().unwrap_or_default()
+        );
+        let scheduled = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some();
         let running_phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
         if pod.metadata.deletion_timestamp.is_some() || !scheduled || !running_phase {
             continue;
@@ -189,7 +212,11 @@ async fn sync(
             p.ready = Some(ready);
         }
     }
-    let gone: Vec<String> = running.keys().filter(|k| !live.contains(k)).cloned().collect();
+    let gone: Vec<String> = running
+        .keys()
+        .filter(|k| !live.contains(k))
+        .cloned()
+        .collect();
     for key in gone {
         let p = running.remove(&key).expect("listed");
         info!(pod = %key, "pod gone: running its preStop drain and stopping it");
@@ -208,14 +235,28 @@ fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).ok()?;
-    String::from_utf8_lossy(&buf).split_whitespace().nth(1)?.parse().ok()
+    String::from_utf8_lossy(&buf)
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// Resolves what a kubelet would for this pod: configuration, volumes, environment, token.
-async fn prepare(client: &Client, kubeconfig: &Kubeconfig, args: &Args, pod: &Pod, next_port: &mut u16) -> Result<PodProcesses> {
+async fn prepare(
+    client: &Client,
+    kubeconfig: &Kubeconfig,
+    args: &Args,
+    pod: &Pod,
+    next_port: &mut u16,
+) -> Result<PodProcesses> {
     let ns = pod.namespace().unwrap_or_default();
     let name = pod.name_any();
     let spec = pod.spec.as_ref().context("pod without spec")?;
@@ -231,21 +272,31 @@ async fn prepare(client: &Client, kubeconfig: &Kubeconfig, args: &Args, pod: &Po
         .and_then(|v| v.config_map.as_ref())
         .map(|c| c.name.clone())
         .context("pod has no config volume")?;
-    let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns).get(&config_map).await?;
-    let yaml = cm.data.and_then(|d| d.get("processor.yaml").cloned()).context("ConfigMap without processor.yaml")?;
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get(&config_map)
+        .await?;
+    let yaml = cm
+        .data
+        .and_then(|d| d.get("processor.yaml").cloned())
+        .context("ConfigMap without processor.yaml")?;
     let config_file = dir.join("processor.yaml");
     std::fs::write(&config_file, yaml)?;
 
     // Volumes: the hostPath of the bound PersistentVolume of each claim.
     let state_dir = claim_host_path(client, &ns, &format!("state-{name}")).await?;
-    let wal_dir = claim_host_path(client, &ns, &format!("wal-{name}")).await.ok();
+    let wal_dir = claim_host_path(client, &ns, &format!("wal-{name}"))
+        .await
+        .ok();
 
     let processor_port = *next_port;
     let agent_port = *next_port + 1;
     *next_port += 2;
 
     let containers = &spec.containers;
-    let processor = containers.iter().find(|c| c.name == "processor").context("no processor container")?;
+    let processor = containers
+        .iter()
+        .find(|c| c.name == "processor")
+        .context("no processor container")?;
     let agent = spec
         .init_containers
         .iter()
@@ -254,20 +305,34 @@ async fn prepare(client: &Client, kubeconfig: &Kubeconfig, args: &Args, pod: &Po
         .context("no agent sidecar")?;
     let mut overrides: Vec<(String, String)> = vec![
         ("STREAMAPP_CONFIG".into(), config_file.display().to_string()),
-        ("STREAMAPP_STATE_DIR".into(), state_dir.display().to_string()),
+        (
+            "STREAMAPP_STATE_DIR".into(),
+            state_dir.display().to_string(),
+        ),
         ("STREAMAPP_HTTP_PORT".into(), processor_port.to_string()),
-        ("STREAMAPP_PROCESSOR_PORT".into(), processor_port.to_string()),
-        ("STREAMAPP_AGENT_METRICS_PORT".into(), agent_port.to_string()),
+        (
+            "STREAMAPP_PROCESSOR_PORT".into(),
+            processor_port.to_string(),
+        ),
+        (
+            "STREAMAPP_AGENT_METRICS_PORT".into(),
+            agent_port.to_string(),
+        ),
     ];
     if let Some(w) = &wal_dir {
         overrides.push(("STREAMAPP_WAL_DIR".into(), w.display().to_string()));
     }
-    let sa = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
+    let sa = spec
+        .service_account_name
+        .clone()
+        .unwrap_or_else(|| "default".into());
     let agent_kubeconfig = service_account_kubeconfig(client, kubeconfig, &ns, &sa, &dir).await?;
 
     let launch = |c: &Container, env: Vec<(String, String)>, log: &str| -> Result<Launch> {
         let command = c.command.clone().unwrap_or_default();
-        let (program, rest) = command.split_first().context("container without a command")?;
+        let (program, rest) = command
+            .split_first()
+            .context("container without a command")?;
         let mut all_args = rest.to_vec();
         all_args.extend(c.args.clone().unwrap_or_default());
         Ok(Launch {
@@ -321,8 +386,13 @@ async fn container_env(client: &Client, pod: &Pod, c: &Container) -> Result<Vec<
                     other => bail!("unsupported fieldRef {other}"),
                 }
             } else if let Some(secret) = &from.secret_key_ref {
-                let s = Api::<Secret>::namespaced(client.clone(), &ns).get(&secret.name).await?;
-                let bytes = s.data.and_then(|d| d.get(&secret.key).cloned()).context("secret key missing")?;
+                let s = Api::<Secret>::namespaced(client.clone(), &ns)
+                    .get(&secret.name)
+                    .await?;
+                let bytes = s
+                    .data
+                    .and_then(|d| d.get(&secret.key).cloned())
+                    .context("secret key missing")?;
                 String::from_utf8(bytes.0)?
             } else {
                 bail!("unsupported valueFrom in {}", e.name)
@@ -336,16 +406,34 @@ async fn container_env(client: &Client, pod: &Pod, c: &Container) -> Result<Vec<
 }
 
 async fn claim_host_path(client: &Client, ns: &str, claim: &str) -> Result<PathBuf> {
-    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get(claim).await?;
-    let volume = pvc.spec.and_then(|s| s.volume_name).filter(|v| !v.is_empty()).context("claim not bound yet")?;
-    let pv = Api::<PersistentVolume>::all(client.clone()).get(&volume).await?;
-    let path = pv.spec.and_then(|s| s.host_path).map(|h| h.path).context("volume is not a hostPath")?;
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .get(claim)
+        .await?;
+    let volume = pvc
+        .spec
+        .and_then(|s| s.volume_name)
+        .filter(|v| !v.is_empty())
+        .context("claim not bound yet")?;
+    let pv = Api::<PersistentVolume>::all(client.clone())
+        .get(&volume)
+        .await?;
+    let path = pv
+        .spec
+        .and_then(|s| s.host_path)
+        .map(|h| h.path)
+        .context("volume is not a hostPath")?;
     Ok(PathBuf::from(path))
 }
 
 /// A kubeconfig with a token of the pod's ServiceAccount (what the projected token volume
 /// gives a real pod).
-async fn service_account_kubeconfig(client: &Client, admin: &Kubeconfig, ns: &str, sa: &str, dir: &Path) -> Result<PathBuf> {
+async fn service_account_kubeconfig(
+    client: &Client,
+    admin: &Kubeconfig,
+    ns: &str,
+    sa: &str,
+    dir: &Path,
+) -> Result<PathBuf> {
     let request: TokenRequest = serde_json::from_value(serde_json::json!({
         "spec": { "audiences": [], "expirationSeconds": 86400 }
     }))?;
@@ -357,7 +445,13 @@ async fn service_account_kubeconfig(client: &Client, admin: &Kubeconfig, ns: &st
         .status
         .context("token request without status")?
         .token;
-    let cluster = admin.clusters.first().context("kubeconfig without cluster")?.cluster.clone().context("empty cluster")?;
+    let cluster = admin
+        .clusters
+        .first()
+        .context("kubeconfig without cluster")?
+        .cluster
+        .clone()
+        .context("empty cluster")?;
     let kc = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Config",
@@ -377,10 +471,18 @@ async fn service_account_kubeconfig(client: &Client, admin: &Kubeconfig, ns: &st
 /// preStop (drain), then the processor, then the agent (a native sidecar stops last).
 async fn stop_pod(args: &Args, mut p: PodProcesses) {
     let drain = Command::new(args.bin_dir.join("streamapp-processor"))
-        .args(["drain", "--port", &p.processor_port.to_string(), "--timeout", "60s"])
+        .args([
+            "drain",
+            "--port",
+            &p.processor_port.to_string(),
+            "--timeout",
+            "60s",
+        ])
         .output();
     match drain {
-        Ok(out) => info!(pod = %p.name, uid = %p.uid, ok = out.status.success(), output = %String::from_utf8_lossy(&out.stdout).trim(), "preStop drain"),
+        Ok(out) => {
+            info!(pod = %p.name, uid = %p.uid, ok = out.status.success(), output = %String::from_utf8_lossy(&out.stdout).trim(), "preStop drain")
+        }
         Err(e) => warn!(pod = %p.name, error = %e, "preStop drain could not run"),
     }
     p.processor.stop(Duration::from_secs(30));

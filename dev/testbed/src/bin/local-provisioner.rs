@@ -78,10 +78,16 @@ async fn pass(client: &Client, args: &Args) -> Result<()> {
         .map(|c| (c.name_any(), c))
         .collect();
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let claims = Api::<PersistentVolumeClaim>::all(client.clone()).list(&ListParams::default()).await?;
+    let claims = Api::<PersistentVolumeClaim>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
     for claim in claims.items {
         let spec = claim.spec.clone().unwrap_or_default();
-        let Some(class) = spec.storage_class_name.as_ref().and_then(|c| classes.get(c)) else {
+        let Some(class) = spec
+            .storage_class_name
+            .as_ref()
+            .and_then(|c| classes.get(c))
+        else {
             continue;
         };
         if claim.metadata.deletion_timestamp.is_some() {
@@ -93,9 +99,17 @@ async fn pass(client: &Client, args: &Args) -> Result<()> {
         }
     }
     for pv in pvs.list(&ListParams::default()).await?.items {
-        let ours = pv.annotations().get("pv.kubernetes.io/provisioned-by").map(String::as_str) == Some(PROVISIONER);
+        let ours = pv
+            .annotations()
+            .get("pv.kubernetes.io/provisioned-by")
+            .map(String::as_str)
+            == Some(PROVISIONER);
         let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
-        let delete = pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) == Some("Delete");
+        let delete = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+            == Some("Delete");
         if ours && released && delete && pv.metadata.deletion_timestamp.is_none() {
             let dir = args.volumes_dir.join(pv.name_any());
             let _ = std::fs::remove_dir_all(&dir);
@@ -107,7 +121,15 @@ async fn pass(client: &Client, args: &Args) -> Result<()> {
 }
 
 fn requested(claim: &PersistentVolumeClaim) -> Option<Quantity> {
-    claim.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?.get("storage").cloned()
+    claim
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")
+        .cloned()
 }
 
 async fn provision(
@@ -157,16 +179,29 @@ async fn resize(
     claim: &PersistentVolumeClaim,
     pv_name: &str,
 ) -> Result<()> {
-    let Some(want) = requested(claim) else { return Ok(()) };
-    let have = claim.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).cloned();
+    let Some(want) = requested(claim) else {
+        return Ok(());
+    };
+    let have = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .cloned();
     let Some(have) = have else { return Ok(()) }; // not bound yet
-    if parse_quantity(&want.0).map_err(anyhow::Error::msg)? <= parse_quantity(&have.0).map_err(anyhow::Error::msg)? {
+    if parse_quantity(&want.0).map_err(anyhow::Error::msg)?
+        <= parse_quantity(&have.0).map_err(anyhow::Error::msg)?
+    {
         return Ok(());
     }
     let ns = claim.namespace().unwrap_or_default();
     let pp = PatchParams::default();
-    pvs.patch(pv_name, &pp, &Patch::Merge(json!({ "spec": { "capacity": { "storage": want } } })))
-        .await?;
+    pvs.patch(
+        pv_name,
+        &pp,
+        &Patch::Merge(json!({ "spec": { "capacity": { "storage": want } } })),
+    )
+    .await?;
     Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
         .patch_status(
             &claim.name_any(),
