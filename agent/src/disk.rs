@@ -97,13 +97,8 @@ pub struct WalOnDisk {
     pub oldest_modified_ms: Option<i64>,
 }
 
-/// A quarantined store: `quarantine/<partition>-<ms>/REASON`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct QuarantinedStore {
-    pub partition: i32,
-    pub at_ms: i64,
-    pub reason: String,
-}
+/// A quarantined store: `quarantine/<partition>-<ms>/REASON` (listed the processor's way).
+pub use streamapp_api::health::QuarantinedStore;
 
 /// Looks at the state volume. Missing pieces are simply absent from the report: an empty or
 /// half-written state dir is a normal sight while a processor starts.
@@ -125,7 +120,7 @@ pub fn inspect(layout: &StateLayout) -> DiskReport {
     };
     DiskReport {
         tasks,
-        quarantines: quarantines(&layout.quarantine_dir()),
+        quarantines: streamapp_api::health::list_quarantines(&layout.quarantine_dir()),
         free_bytes,
         total_bytes,
     }
@@ -209,26 +204,6 @@ fn wal_files(dir: &Path) -> WalOnDisk {
     wal
 }
 
-fn quarantines(dir: &Path) -> Vec<QuarantinedStore> {
-    let mut out: Vec<QuarantinedStore> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let (p, ms) = name.split_once('-')?;
-            let reason = std::fs::read_to_string(e.path().join("REASON")).unwrap_or_default();
-            Some(QuarantinedStore {
-                partition: p.parse().ok()?,
-                at_ms: ms.parse().ok()?,
-                reason: reason.trim().to_string(),
-            })
-        })
-        .collect();
-    out.sort_by_key(|q| q.at_ms);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,19 +249,16 @@ mod tests {
         );
         assert!(cp.written_at_ms > 0);
         assert_eq!(report.tasks[&1], TaskDisk::default());
+        let found: Vec<_> = report
+            .quarantines
+            .iter()
+            .map(|q| (q.partition, q.at_ms, q.reason.as_str()))
+            .collect();
         assert_eq!(
-            report.quarantines,
+            found,
             vec![
-                QuarantinedStore {
-                    partition: 0,
-                    at_ms: 1000,
-                    reason: "missing sst".into()
-                },
-                QuarantinedStore {
-                    partition: 1,
-                    at_ms: 2000,
-                    reason: "Corruption: block checksum mismatch".into()
-                },
+                (0, 1000, "missing sst"),
+                (1, 2000, "Corruption: block checksum mismatch")
             ]
         );
         assert!(

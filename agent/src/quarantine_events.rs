@@ -171,6 +171,7 @@ mod tests {
 
     fn q(partition: i32, at_ms: i64) -> QuarantinedStore {
         QuarantinedStore {
+            path: Default::default(),
             partition,
             at_ms,
             reason: "damaged".into(),

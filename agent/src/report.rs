@@ -558,16 +558,19 @@ mod tests {
         let mut disk = disk_with_task0();
         disk.quarantines = vec![
             QuarantinedStore {
+                path: Default::default(),
                 partition: 0,
                 at_ms: NOW - 90_000_000,
                 reason: "an old one".into(),
             },
             QuarantinedStore {
+                path: Default::default(),
                 partition: 0,
                 at_ms: NOW - 30_000,
                 reason: "Corruption: block checksum mismatch".into(),
             },
             QuarantinedStore {
+                path: Default::default(),
                 partition: 1,
                 at_ms: NOW - 20_000,
                 reason: "another task's".into(),
@@ -668,6 +671,7 @@ mod tests {
         assert_ne!(significant(&base), significant(&lagging));
         let mut disk = disk_with_task0();
         disk.quarantines.push(QuarantinedStore {
+            path: Default::default(),
             partition: 0,
             at_ms: NOW,
             reason: "x".into(),

@@ -117,6 +117,7 @@ async fn the_agents_service_account_may_report_its_own_pod_and_nothing_else() {
     let mut events =
         QuarantineEvents::new(agent.clone(), &ns.name, "orders", "orders-0", Some(&own));
     let quarantined = QuarantinedStore {
+        path: Default::default(),
         partition: 0,
         at_ms: 1_750_000_000_000,
         reason: "Corruption: block checksum mismatch".into(),

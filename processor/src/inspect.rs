@@ -96,13 +96,13 @@ pub fn inspect(root: &Path, wal_root: Option<&Path>) -> Report {
             }
         })
         .collect();
-    let quarantines = crate::quarantine::list(&state.quarantine_dir())
+    let quarantines = streamapp_api::health::list_quarantines(&state.quarantine_dir())
         .into_iter()
-        .map(|(path, partition, at_ms, reason)| QuarantineReport {
-            path: path.display().to_string(),
-            partition,
-            at_ms,
-            reason,
+        .map(|q| QuarantineReport {
+            path: q.path.display().to_string(),
+            partition: q.partition,
+            at_ms: q.at_ms,
+            reason: q.reason,
         })
         .collect();
     Report {

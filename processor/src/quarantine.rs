@@ -5,7 +5,7 @@
 //! its store from the changelog. Only the newest [`KEEP`] quarantines are kept, so a flapping
 //! disk cannot fill the volume.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use streamapp_api::health::Quarantine;
 
@@ -47,27 +47,10 @@ pub fn quarantine(
     })
 }
 
-/// Quarantines found on disk, oldest first (for `inspect` and the agent).
-pub fn list(dir: &Path) -> Vec<(PathBuf, i32, i64, String)> {
-    let mut out: Vec<_> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let (p, ms) = name.split_once('-')?;
-            let reason = std::fs::read_to_string(e.path().join("REASON")).unwrap_or_default();
-            Some((e.path(), p.parse().ok()?, ms.parse().ok()?, reason))
-        })
-        .collect();
-    out.sort_by_key(|q| q.2);
-    out
-}
-
 fn prune(dir: &Path, keep: usize) -> std::io::Result<()> {
-    let all = list(dir);
-    for (path, ..) in all.iter().take(all.len().saturating_sub(keep)) {
-        std::fs::remove_dir_all(path)?;
+    let all = streamapp_api::health::list_quarantines(dir);
+    for q in all.iter().take(all.len().saturating_sub(keep)) {
+        std::fs::remove_dir_all(&q.path)?;
     }
     Ok(())
 }
@@ -105,8 +88,8 @@ mod tests {
             );
             assert!(Path::new(&q.path).join("store/CURRENT").exists());
         }
-        let kept = list(&state.quarantine_dir());
+        let kept = streamapp_api::health::list_quarantines(&state.quarantine_dir());
         assert_eq!(kept.len(), KEEP);
-        assert_eq!(kept.last().unwrap().3, "damage 4");
+        assert_eq!(kept.last().unwrap().reason, "damage 4");
     }
 }

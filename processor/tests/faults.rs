@@ -201,6 +201,87 @@ async fn kill_9_at_random_points_keeps_exactly_once_and_replays_only_the_changel
     }
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn tasks_move_between_processes_as_they_join_and_leave_and_exactly_once_holds() {
+    let _serial = serial().await;
+    let app = App::create(
+        "group",
+        AppOptions {
+            partitions: 4,
+            ..Default::default()
+        },
+    )
+    .await;
+    let t0 = now_ms();
+    let ids = |range: std::ops::Range<usize>| -> Vec<Input> {
+        range
+            .map(|i| Input::cmd(&format!("g-{i}"), t0 + i as i64))
+            .collect()
+    };
+    // A alone owns all four tasks.
+    let mut a = app.start("pod-a");
+    a.wait_ready(MINUTE);
+    app.produce(&ids(0..1000));
+    app.wait_for_records(&app.output, 1000, MINUTE);
+
+    // B joins: the group splits the tasks; B restores its share from the changelog.
+    let mut b = app.start("pod-b");
+    b.wait_ready(2 * MINUTE);
+    let b_health = b.health();
+    assert!(!b_health.tasks.is_empty(), "B got tasks");
+    for task in &b_health.tasks {
+        assert_eq!(
+            task.opened,
+            Some(StoreOpen::FullRestore),
+            "a new owner restores partition {}",
+            task.partition
+        );
+    }
+    let restored: u64 = b_health
+        .tasks
+        .iter()
+        .map(|t| t.restore.as_ref().unwrap().records_restored)
+        .sum();
+    assert!(restored > 0, "B's stores were built from the changelog");
+    app.produce(&ids(500..1500)); // 500 repeats, 500 new
+    app.wait_for_records(&app.output, 1500, MINUTE);
+
+    // A leaves (drain): B takes every task and processes 500 new ids.
+    assert!(a.drain().status.success());
+    a.wait_exit(MINUTE);
+    app.produce(&ids(1500..2000));
+    app.wait_for_records(&app.output, 2000, 2 * MINUTE);
+
+    // A comes back to its old state dir: for its tasks it replays only what B added meanwhile.
+    let mut a = app.start("pod-a");
+    a.wait_ready(2 * MINUTE);
+    let a_health = a.health();
+    let mut replayed = 0;
+    for task in &a_health.tasks {
+        assert_ne!(
+            task.opened,
+            Some(StoreOpen::FullRestore),
+            "partition {}: the old store is reused",
+            task.partition
+        );
+        replayed += task.restore.as_ref().unwrap().records_restored;
+    }
+    assert!(
+        replayed <= 500,
+        "A replayed {replayed} records: at most what B added while it was away"
+    );
+
+    app.produce(&ids(0..2000)); // all repeats
+    app.wait_for_records(&app.duplicates, 2500, 2 * MINUTE);
+    std::thread::sleep(Duration::from_secs(2));
+    let output = app.read(&app.output);
+    assert_eq!(output.len(), 2000, "each of the 2000 ids exactly once");
+    assert!(counts(&output).values().all(|&n| n == 1));
+    assert_eq!(app.read(&app.duplicates).len(), 2500);
+    a.kill9();
+    b.kill9();
+}
+
 /// How a test damages a stopped processor's store.
 #[derive(Clone, Copy, Debug)]
 enum Damage {
