@@ -34,7 +34,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -292,7 +291,7 @@ fn produce_dataset(topic: &str, records: u64) -> Dataset {
     for _ in 0..records {
         let (key, value) = workload.next(now_us());
         value_bytes += value.len() as u64;
-        send_retrying(
+        testbed::kafka::send(
             &producer,
             BaseRecord::to(topic)
                 .key(key.as_bytes())
@@ -307,19 +306,6 @@ fn produce_dataset(topic: &str, records: u64) -> Dataset {
         records,
         distinct: workload.distinct,
         value_bytes,
-    }
-}
-
-fn send_retrying(producer: &BaseProducer, mut record: BaseRecord<'_, [u8], [u8]>) {
-    loop {
-        match producer.send(record) {
-            Ok(()) => return,
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                record = back;
-                producer.poll(Duration::from_millis(5));
-            }
-            Err((e, _)) => panic!("producing: {e}"),
-        }
     }
 }
 
@@ -646,7 +632,7 @@ fn measure_latency(fig: &mut Figures, system: &System, output: &str, settings: &
         while sent < due {
             let sent_at = now_us();
             let (key, value) = workload.next(sent_at);
-            send_retrying(
+            testbed::kafka::send(
                 &producer,
                 BaseRecord::to(&system.input)
                     .key(key.as_bytes())
@@ -880,7 +866,7 @@ mod copy {
                     if let Some(v) = m.payload() {
                         record = record.payload(v);
                     }
-                    send_retrying(&producer, record);
+                    testbed::kafka::send(&producer, record);
                     positions[m.partition() as usize] = Some(m.offset() + 1);
                 }
                 Some(Err(e)) => eprintln!("consumer error: {e}"),

@@ -508,7 +508,9 @@ impl Engine {
                 started_at_ms: now_ms(),
                 finished_at_ms: None,
             });
+            self.publish_tasks(true);
         }
+        let task = self.tasks.get_mut(&p).expect("task exists");
         match self.restorer.step(p, &mut task.store, RESTORE_STEP) {
             Ok((n, step)) => {
                 self.metrics.restore_records.inc_by(n);
@@ -533,6 +535,9 @@ impl Engine {
                     task.phase = TaskPhase::Restored;
                     self.restorer.finish();
                 }
+                // Restore progress is what the agent reports during a restore: publish it with
+                // every step (a step is up to RESTORE_STEP records), not only on the timer.
+                self.publish_tasks(step == Step::Done);
                 Ok(())
             }
             Err(crate::restore::RestoreError::Store(StoreError::Damaged { reason, .. })) => {

@@ -6,8 +6,10 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::ToBytes;
 use rdkafka::message::{BorrowedMessage, Message};
-use rdkafka::producer::{BaseProducer, Producer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 /// Default port of dev/kafka.sh.
@@ -76,6 +78,24 @@ pub fn transactional_producer(txn_id: &str) -> BaseProducer {
         .init_transactions(Duration::from_secs(30))
         .expect("init_transactions");
     producer
+}
+
+/// Sends a record, waiting while the producer's queue is full; any other error panics.
+pub fn send<K, P>(producer: &BaseProducer, mut record: BaseRecord<'_, K, P>)
+where
+    K: ToBytes + ?Sized,
+    P: ToBytes + ?Sized,
+{
+    loop {
+        match producer.send(record) {
+            Ok(()) => return,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                record = back;
+                producer.poll(Duration::from_millis(5));
+            }
+            Err((e, _)) => panic!("producing to Kafka: {e}"),
+        }
+    }
 }
 
 /// How a reader treats records of open or aborted transactions.

@@ -177,15 +177,7 @@ impl App {
             if let Some(p) = r.partition {
                 record = record.partition(p);
             }
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((_, back)) => {
-                        record = back;
-                        producer.poll(Duration::from_millis(20));
-                    }
-                }
-            }
+            testbed::kafka::send(&producer, record);
         }
         producer.flush(Duration::from_secs(30)).unwrap();
     }

@@ -67,16 +67,8 @@ async fn main() {
             let mut fresh = 0usize;
             let mut repeats = 0usize;
             let send = |key: &str, value: String| {
-                let mut record = BaseRecord::to(&topic).key(key).payload(&value);
-                loop {
-                    match producer.send(record) {
-                        Ok(()) => break,
-                        Err((_, r)) => {
-                            record = r;
-                            producer.poll(Duration::from_millis(20));
-                        }
-                    }
-                }
+                let record = BaseRecord::to(&topic).key(key).payload(&value);
+                testbed::kafka::send(&producer, record);
             };
             for i in 0..count {
                 let id = if fresh > 0 && rng.random_bool(duplicates) {
