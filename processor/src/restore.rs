@@ -8,12 +8,14 @@
 
 use std::time::{Duration, Instant};
 
+use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::store::{Staged, StoreError, TaskStore};
 
@@ -50,11 +52,29 @@ pub enum Step {
     Done,
 }
 
+/// The reader's client context: reaching the end of a partition is how restore finishes, not
+/// an error worth an ERROR line (librdkafka reports it as one).
+struct ReaderContext;
+
+impl ClientContext for ReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let end_of_partition = matches!(
+            error,
+            KafkaError::PartitionEOF(_) | KafkaError::Global(RDKafkaErrorCode::PartitionEOF)
+        );
+        if !end_of_partition {
+            error!("librdkafka (restore): {error}: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for ReaderContext {}
+
 /// Reads changelog partitions for restore. One partition at a time.
 pub struct Restorer {
     topic: String,
     /// read_committed, partition EOF events on.
-    reader: BaseConsumer,
+    reader: BaseConsumer<ReaderContext>,
     /// read_uncommitted: its high watermark is the real end of the log.
     end_probe: BaseConsumer,
     current: Option<i32>,
@@ -69,6 +89,10 @@ impl Restorer {
             .set("enable.partition.eof", "true")
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
+            // A catch-up reader: at the end of the partition the broker answers at once
+            // instead of holding the fetch for new records (500 ms by default), which would
+            // add up to a second per partition to every restart.
+            .set("fetch.wait.max.ms", "10")
             .set("group.id", "streamapp-restore-unused");
         let mut probe_cfg = base.clone();
         probe_cfg
@@ -76,7 +100,7 @@ impl Restorer {
             .set("group.id", "streamapp-restore-unused");
         Ok(Restorer {
             topic: topic.to_string(),
-            reader: reader_cfg.create()?,
+            reader: reader_cfg.create_with_context(ReaderContext)?,
             end_probe: probe_cfg.create()?,
             current: None,
             waiting_since: None,
