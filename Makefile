@@ -11,7 +11,7 @@ export CARGO_TARGET_DIR ?= $(STREAMAPP_CACHE)/target
 CARGO := cargo
 CARGO_FLAGS := --release --workspace --locked
 
-.PHONY: help setup system-packages tools build up down status test test-only bench lint crds demo demo-down clean
+.PHONY: help setup system-packages tools build up down status test test-only bench bench-compare lint crds demo demo-down clean
 
 help:
 	@echo "make demo    - set up, start the local services and run the demo"
@@ -20,6 +20,7 @@ help:
 	@echo "make setup   - install system packages, Kafka and the control plane (idempotent)"
 	@echo "make up/down - start/stop Kafka and the local Kubernetes control plane"
 	@echo "make bench   - processor benchmark: dedup vs a transactional copy, 1M records (needs make up)"
+	@echo "make bench-compare - side by side with Kafka Streams 4.4: table, CSV, chart (~30 min)"
 	@echo "make lint    - rustfmt and clippy"
 	@echo "make crds    - regenerate crds/streamapp.dev_streamapps.yaml from the Rust types"
 
@@ -56,15 +57,24 @@ test: setup
 	@status=0; $(MAKE) --no-print-directory test-only || status=$$?; \
 	  $(MAKE) --no-print-directory down; exit $$status
 
-# The tests alone, against services that are already up (`make up`).
+# The tests alone, against services that are already up (`make up`): the workspace's tests,
+# then a small run of the Kafka Streams comparison for its exactly-once checks. Both run even
+# when the first fails; the exit code says whether both passed.
 test-only:
-	$(CARGO) test $(CARGO_FLAGS) --no-fail-fast
+	@status=0; $(CARGO) test $(CARGO_FLAGS) --no-fail-fast || status=$$?; \
+	  dev/bench-compare-smoke.sh || status=$$?; exit $$status
 
 # The processor benchmark (processor/benches/dedup_vs_copy.rs) against the broker of `make up`:
 # the dedup topology next to a plain transactional copy, figures and ratios; asserts nothing.
 # `cargo bench` uses the bench profile, which inherits release and shares its build dir.
 bench:
 	$(CARGO) bench --locked -p streamapp-processor --bench dedup_vs_copy
+
+# streamapp-processor next to Kafka Streams 4.4 (bench/kafka-streams) on the local broker:
+# throughput, CPU, latency, memory, recovery after kill -9 with 1M and 5M keys. Installs the
+# Java side through Maven; starts Kafka if needed. Writes bench/results/vs-kafka-streams.*.
+bench-compare: system-packages
+	@dev/bench-compare.sh
 
 lint:
 	$(CARGO) fmt --all -- --check

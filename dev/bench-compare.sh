@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# `make bench-compare`: streamapp-processor next to Kafka Streams 4.4 on the local broker
+# (processor/benches/vs_kafka_streams.rs). Installs what it needs — Kafka's jars, the Kafka
+# Streams peer (bench/kafka-streams, through Maven) and matplotlib (a virtualenv) — all in the
+# cache folder; starts the broker if it is not running (and stops it again at the end); prints
+# the table; writes vs-kafka-streams.{txt,csv,png} into $BENCH_RESULTS (default bench/results).
+# Smaller runs: BENCH_RECORDS, BENCH_RECOVERY_KEYS, BENCH_LATENCY_SECONDS (see the bench's doc);
+# `make test` runs a small one (dev/bench-compare-smoke.sh) for its correctness checks.
+source "$(dirname "$0")/lib.sh"
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$STREAMAPP_CACHE/target}"
+results="${BENCH_RESULTS:-$REPO_DIR/bench/results}"
+mkdir -p "$results"
+
+"$DEV_DIR/install-kafka.sh"
+
+log "building the Kafka Streams peer (bench/kafka-streams)"
+peer_build="$STREAMAPP_CACHE/bench/kafka-streams"
+mvn -B -q -f "$REPO_DIR/bench/kafka-streams/pom.xml" \
+  -Dmaven.repo.local="$STREAMAPP_CACHE/m2" -Dbuild.dir="$peer_build" package ||
+  die "could not build the Kafka Streams peer with maven"
+export BENCH_KS_CLASSPATH="$peer_build/kafka-streams-dedup-1.jar:$peer_build/lib/*"
+
+venv="$STREAMAPP_CACHE/bench/venv"
+requirements="$REPO_DIR/bench/compare/requirements.txt"
+if ! cmp -s "$requirements" "$venv/requirements.txt" 2>/dev/null; then
+  log "installing matplotlib into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+  "$venv/bin/pip" install -q -r "$requirements" || die "pip could not install $requirements"
+  cp "$requirements" "$venv/requirements.txt"
+fi
+
+if ! "$DEV_DIR/kafka.sh" status | grep -q "kafka running"; then
+  "$DEV_DIR/kafka.sh" start
+  trap '"$DEV_DIR/kafka.sh" stop' EXIT
+fi
+export STREAMAPP_KAFKA_BOOTSTRAP="${STREAMAPP_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}"
+export BENCH_CSV="$results/vs-kafka-streams.csv"
+
+log "running the comparison (at full size about 30 minutes on 2 cores)"
+cargo bench --locked -p streamapp-processor --bench vs_kafka_streams 2>&1 | tee "$results/vs-kafka-streams.txt"
+status=${PIPESTATUS[0]}
+((status == 0)) || die "the comparison failed (exit $status); its output: $results/vs-kafka-streams.txt"
+
+"$venv/bin/python" "$REPO_DIR/bench/compare/chart.py" "$BENCH_CSV" "$results/vs-kafka-streams.png" ||
+  die "could not draw the chart from $BENCH_CSV"

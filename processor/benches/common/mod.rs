@@ -1,0 +1,845 @@
+//! What the two benchmarks share: the input workload, the processor and peer processes, and
+//! how throughput, latency, CPU and memory are measured. `dedup_vs_copy` and
+//! `vs_kafka_streams` each use part of it, hence the `dead_code` allowance.
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use testbed::kafka::{self, Isolation};
+
+pub const PROCESSOR_BIN: &str = env!("CARGO_BIN_EXE_streamapp-processor");
+pub const PARTITIONS: i32 = 4;
+/// Every system commits every 100 ms (the processor's default, Kafka Streams' EOS default).
+pub const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
+pub const DUPLICATE_FRACTION: f64 = 0.30;
+pub const RECORD_BYTES: usize = 200;
+/// The dedup retention every system is given.
+pub const RETENTION: Duration = Duration::from_secs(3600);
+pub const LATENCY_WARMUP: Duration = Duration::from_secs(3);
+/// A phase that makes no progress for this long is stuck, not slow: the run fails.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A number from the environment, or its default.
+pub fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().map_or(default, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+    })
+}
+
+/// What one system achieved.
+#[derive(Clone, Copy, Default)]
+pub struct Figures {
+    pub records_per_s: f64,
+    pub cpu_s_per_million: f64,
+    pub peak_rss_mib: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+// ---- the input data ------------------------------------------------------------------------
+
+/// A small deterministic PRNG (SplitMix64): every run uses the same data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Generates the records: with probability `duplicates` a record repeats an id drawn uniformly
+/// from the ids issued so far (so repeats come both right after and long after the first
+/// occurrence); otherwise it carries the next new id, `<prefix>-<n>`.
+pub struct Workload {
+    rng: Rng,
+    duplicates: f64,
+    prefix: String,
+    pub distinct: u64,
+    seq: u64,
+}
+
+impl Workload {
+    /// The benchmarks' standard input: 30% repeats, ids `cmd-<n>`.
+    pub fn new() -> Self {
+        Self::with(DUPLICATE_FRACTION, "cmd")
+    }
+
+    pub fn with(duplicates: f64, prefix: &str) -> Self {
+        Workload {
+            rng: Rng(42),
+            duplicates,
+            prefix: prefix.into(),
+            distinct: 0,
+            seq: 0,
+        }
+    }
+
+    /// The id of the `n`th new id this workload issues.
+    pub fn id(&self, n: u64) -> String {
+        format!("{}-{n:010}", self.prefix)
+    }
+
+    /// The next record: key = id, and a 200 B JSON value that carries the send time in µs
+    /// (the record timestamp carries it in ms; the µs make the latency figures finer).
+    pub fn next(&mut self, sent_us: i64) -> (String, String) {
+        let n = if self.distinct > 0 && self.rng.unit() < self.duplicates {
+            self.rng.next() % self.distinct
+        } else {
+            self.distinct += 1;
+            self.distinct - 1
+        };
+        let id = self.id(n);
+        let head = format!(
+            r#"{{"id":"{id}","seq":{},"sentUs":{sent_us},"payload":""#,
+            self.seq
+        );
+        self.seq += 1;
+        let pad = RECORD_BYTES.saturating_sub(head.len() + 2);
+        (id, format!("{head}{}\"}}", "x".repeat(pad)))
+    }
+}
+
+/// The send time a value carries (see [`Workload::next`]).
+pub fn sent_us(value: &[u8]) -> Option<i64> {
+    const FIELD: &[u8] = b"\"sentUs\":";
+    let at = value.windows(FIELD.len()).position(|w| w == FIELD)? + FIELD.len();
+    let digits = value[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    std::str::from_utf8(&value[at..at + digits])
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// What was produced: counts, and the distinct ids (to check outputs against).
+pub struct Dataset {
+    pub records: u64,
+    pub distinct: u64,
+    pub value_bytes: u64,
+    pub ids: HashSet<Vec<u8>>,
+}
+
+/// A producer tuned for bulk loads.
+pub fn bulk_producer() -> BaseProducer {
+    kafka::client_config()
+        .set("linger.ms", "20")
+        .set("batch.size", "1000000")
+        .set("queue.buffering.max.messages", "500000")
+        .create()
+        .expect("producer")
+}
+
+/// Produces `records` records of `workload` into `topic` as fast as the broker takes them.
+pub fn produce_dataset(topic: &str, records: u64, mut workload: Workload) -> Dataset {
+    let producer = bulk_producer();
+    let mut value_bytes = 0;
+    let mut ids = HashSet::new();
+    for _ in 0..records {
+        let (key, value) = workload.next(now_us());
+        value_bytes += value.len() as u64;
+        send(&producer, topic, &key, &value);
+        ids.insert(key.into_bytes());
+    }
+    producer
+        .flush(Duration::from_secs(300))
+        .expect("flushing the input");
+    Dataset {
+        records,
+        distinct: workload.distinct,
+        value_bytes,
+        ids,
+    }
+}
+
+/// Sends one record, key = id, timestamped now.
+pub fn send(producer: &BaseProducer, topic: &str, key: &str, value: &str) {
+    kafka::send(
+        producer,
+        BaseRecord::to(topic)
+            .key(key.as_bytes())
+            .payload(value.as_bytes())
+            .timestamp(now_us() / 1000),
+    );
+}
+
+pub fn describe_dataset(dataset: &Dataset, seconds: f64) {
+    let repeats = dataset.records - dataset.distinct;
+    println!(
+        "input: {} records, {} distinct ids, {repeats} repeats ({:.1}%), {:.0} B values on average, produced in {seconds:.1} s",
+        dataset.records,
+        dataset.distinct,
+        100.0 * repeats as f64 / dataset.records as f64,
+        dataset.value_bytes as f64 / dataset.records as f64,
+    );
+}
+
+// ---- the processor ------------------------------------------------------------------------------
+
+/// Topics and configuration of one streamapp-processor application.
+pub struct DedupApp {
+    pub id: String,
+    pub input: String,
+    pub output: String,
+    pub duplicates: String,
+    pub dir: PathBuf,
+}
+
+impl DedupApp {
+    pub fn create(topics: &mut Topics<'_>, work: &Path, id: &str, input: &str) -> DedupApp {
+        let (output, duplicates, dead_letters) = (
+            format!("{id}-out"),
+            format!("{id}-dups"),
+            format!("{id}-dlq"),
+        );
+        topics.create(&[&output, &duplicates, &dead_letters]);
+        // The processor creates its changelog; listed here so that it is deleted at the end.
+        topics.created.push(format!("{id}-dedup-changelog"));
+        let config = serde_json::json!({
+            "applicationId": id,
+            "kafka": { "bootstrapServers": kafka::bootstrap(), "properties": system_properties() },
+            "topology": {
+                "inputTopic": input,
+                "outputTopic": output,
+                "duplicatesTopic": duplicates,
+                "deadLetterTopic": dead_letters,
+                // "JSON with an id": the id is read from the value, as users configure it.
+                "dedupId": { "source": "JsonPointer", "jsonPointer": "/id" },
+                "retention": format!("{}s", RETENTION.as_secs()),
+                "commitInterval": format!("{}ms", COMMIT_INTERVAL.as_millis()),
+            },
+            // The default RocksDB profile: what a StreamApp gets unless tuned.
+            "rocksdb": {},
+        });
+        let dir = work.join(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("processor.yaml"),
+            serde_yaml::to_string(&config).unwrap(),
+        )
+        .unwrap();
+        DedupApp {
+            id: id.into(),
+            input: input.into(),
+            output,
+            duplicates,
+            dir,
+        }
+    }
+
+    /// Starts the processor the way the integration tests do (and a pod does). A restart
+    /// (same state dir) appends to the log.
+    pub fn start(&self) -> System {
+        let port = free_port();
+        let log = self.dir.join("processor.log");
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(PROCESSOR_BIN)
+            .arg("run")
+            .env("STREAMAPP_CONFIG", self.dir.join("processor.yaml"))
+            .env("POD_NAME", "bench-0")
+            .env("STREAMAPP_STATE_DIR", self.dir.join("state"))
+            .env("STREAMAPP_HTTP_PORT", port.to_string())
+            // BENCH_PROCESSOR_LOG: the processor's RUST_LOG, to look into a run (with e.g.
+            // BENCH_SYSTEM_PROPS=debug=eos and librdkafka=debug).
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_PROCESSOR_LOG").unwrap_or("info,librdkafka=warn".into()),
+            )
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
+            .spawn()
+            .expect("starting streamapp-processor");
+        System {
+            name: "streamapp".into(),
+            child,
+            group: self.id.clone(),
+            input: self.input.clone(),
+            kind: Kind::Processor { port },
+            log,
+        }
+    }
+}
+
+// ---- running systems ------------------------------------------------------------------------------
+
+pub enum Kind {
+    /// streamapp-processor: ready when /readyz answers 200; stops by POST /drain.
+    Processor { port: u16 },
+    /// A peer program that touches `ready` when it consumes, and stops cleanly (commits,
+    /// exits) when its stdin closes.
+    Peer { ready: PathBuf },
+}
+
+/// A running system: a child process consuming `input` under consumer group `group`.
+pub struct System {
+    pub name: String,
+    pub child: Child,
+    pub group: String,
+    pub input: String,
+    pub kind: Kind,
+    pub log: PathBuf,
+}
+
+impl System {
+    /// Starts a peer program (`command`, stdin piped) that consumes `input` as group `group`
+    /// and touches `ready`; its output goes to `log` (appended).
+    pub fn start_peer(
+        name: &str,
+        mut command: Command,
+        group: &str,
+        input: &str,
+        ready: PathBuf,
+        log: PathBuf,
+    ) -> System {
+        let _ = std::fs::remove_file(&ready);
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = command
+            .stdin(Stdio::piped())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        System {
+            name: name.into(),
+            child,
+            group: group.into(),
+            input: input.into(),
+            kind: Kind::Peer { ready },
+            log,
+        }
+    }
+
+    /// Fails the run, with the child's log, when the child exited.
+    pub fn check_alive(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!(
+                "{} exited with {status}; its log:\n{}",
+                self.name,
+                log_tail(&self.log)
+            );
+        }
+    }
+
+    /// Whether it consumes: the processor is ready (partitions assigned, stores restored), a
+    /// peer has announced it.
+    pub fn is_ready(&self) -> bool {
+        match &self.kind {
+            Kind::Processor { port } => {
+                http(*port, "GET", streamapp_api::probe::READYZ).is_some_and(|(s, _)| s == 200)
+            }
+            Kind::Peer { ready } => ready.exists(),
+        }
+    }
+
+    /// Waits until it consumes.
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + STALL_TIMEOUT;
+        loop {
+            self.check_alive();
+            if self.is_ready() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} not ready after {STALL_TIMEOUT:?}:\n{}",
+                self.name,
+                log_tail(&self.log)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A client that reads the group's committed offsets (OffsetFetch) without joining it.
+    pub fn offsets_watcher(&self) -> BaseConsumer {
+        kafka::client_config()
+            .set("group.id", &self.group)
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .expect("offsets watcher")
+    }
+
+    /// Input records committed by the group: the sum of its committed offsets.
+    pub fn committed(&self, watcher: &BaseConsumer) -> u64 {
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            tpl.add_partition(&self.input, p);
+        }
+        match watcher.committed_offsets(tpl, Duration::from_secs(5)) {
+            Ok(c) => c
+                .elements()
+                .iter()
+                .map(|e| {
+                    if let Offset::Offset(o) = e.offset() {
+                        o as u64
+                    } else {
+                        0
+                    }
+                })
+                .sum(),
+            // Not known yet (e.g. an offset commit in flight): asked again on the next tick.
+            Err(_) => 0,
+        }
+    }
+
+    /// Waits until the group has committed `total` input records, failing when it stalls.
+    pub fn wait_committed(&mut self, watcher: &BaseConsumer, total: u64) {
+        let mut last_progress = (Instant::now(), 0);
+        loop {
+            self.check_alive();
+            let done = self.committed(watcher);
+            if done >= total {
+                return;
+            }
+            if done > last_progress.1 {
+                last_progress = (Instant::now(), done);
+            }
+            assert!(
+                last_progress.0.elapsed() < STALL_TIMEOUT,
+                "{} made no progress for {STALL_TIMEOUT:?} at {done}/{total}:\n{}",
+                self.name,
+                log_tail(&self.log)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The processor's metrics from /metrics, by sample name without the prefix.
+    pub fn processor_metrics(&self) -> impl Fn(&str) -> f64 + use<> {
+        let Kind::Processor { port } = self.kind else {
+            unreachable!("only the processor has metrics")
+        };
+        let text = http(port, "GET", "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        move |name: &str| {
+            let prefix = format!("streamapp_processor_{name} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(f64::NAN)
+        }
+    }
+
+    /// kill -9: no drain, no close, no flush.
+    pub fn kill9(mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("reaping the killed child");
+    }
+
+    /// Stops it the way it stops in production: the processor drains, a peer closes
+    /// cleanly; both exit.
+    pub fn stop(mut self) {
+        match &self.kind {
+            Kind::Processor { port } => {
+                let _ = http(*port, "POST", streamapp_api::probe::DRAIN);
+            }
+            Kind::Peer { .. } => drop(self.child.stdin.take()),
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                eprintln!("{} did not stop within 60 s; killing it", self.name);
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+// ---- measurements ------------------------------------------------------------------------------
+
+/// The processor's own view: counts, transactions and the mean time a commit takes.
+pub fn print_processor_metrics(system: &System) {
+    let m = system.processor_metrics();
+    let commits = m("commit_seconds_count");
+    println!(
+        "  processor metrics: records_in {} records_out {} duplicates {}; transactions: {} committed, {} aborted, mean commit {:.1} ms",
+        m("records_in_total"),
+        m("records_out_total"),
+        m("duplicates_total"),
+        m("transactions_committed_total"),
+        m("transactions_aborted_total"),
+        1000.0 * m("commit_seconds_sum") / commits
+    );
+}
+
+/// Records/s, CPU and peak RSS of `system` consuming `total` records that are already in its
+/// input. The window runs from the moment it is ready (partitions assigned, stores restored:
+/// start-up and group join are left out) to the commit of the last record, seen through the
+/// group's committed offsets, sampled every 50 ms.
+pub fn measure_throughput(system: &mut System, total: u64) -> Figures {
+    let watcher = system.offsets_watcher();
+    let pid = system.child.id();
+    system.wait_ready();
+    let (start, start_cpu) = (Instant::now(), cpu_seconds(pid));
+    system.wait_committed(&watcher, total);
+    let (seconds, cpu) = (start.elapsed().as_secs_f64(), cpu_seconds(pid) - start_cpu);
+    let fig = Figures {
+        records_per_s: total as f64 / seconds,
+        cpu_s_per_million: cpu / total as f64 * 1e6,
+        peak_rss_mib: peak_rss_mib(pid),
+        ..Default::default()
+    };
+    println!(
+        "{}: {total} records in {seconds:.1} s = {:.0} records/s; {cpu:.1} CPU s; peak RSS {:.0} MiB",
+        system.name, fig.records_per_s, fig.peak_rss_mib
+    );
+    fig
+}
+
+/// p50/p99 end-to-end latency of `system` at `rate` records/s for `duration` after the
+/// warm-up: records are sent at the rate with their send time, the output is read with
+/// read_committed as it is committed, and each output record's latency is its receive time −
+/// its send time. Records sent in the warm-up are left out. `dedups` says whether the system
+/// emits each id once (a dedup) or every record (a copy).
+pub fn measure_latency(
+    fig: &mut Figures,
+    system: &System,
+    output: &str,
+    rate: u64,
+    duration: Duration,
+    dedups: bool,
+) {
+    let receiver = Receiver::start(output, None);
+    let producer: BaseProducer = kafka::client_config()
+        .set("linger.ms", "1")
+        .create()
+        .expect("producer");
+    let mut workload = Workload::new();
+    let start = Instant::now();
+    let warmup_end_us = now_us() + LATENCY_WARMUP.as_micros() as i64;
+    let total = LATENCY_WARMUP + duration;
+    let mut sent: u64 = 0;
+    while start.elapsed() < total {
+        // Paced by the clock: every record is sent at its due time, not in bursts per second.
+        let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+        while sent < due {
+            let (key, value) = workload.next(now_us());
+            send(&producer, &system.input, &key, &value);
+            sent += 1;
+        }
+        producer.poll(Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    producer
+        .flush(Duration::from_secs(30))
+        .expect("flushing the latency input");
+    // A copy outputs every record, a dedup every first occurrence.
+    let expected = if dedups { workload.distinct } else { sent } as usize;
+    let mut latencies_us = receiver.finish(expected, warmup_end_us);
+    latencies_us.sort_unstable();
+    fig.p50_ms = percentile(&latencies_us, 0.50) / 1000.0;
+    fig.p99_ms = percentile(&latencies_us, 0.99) / 1000.0;
+    println!(
+        "{}: {sent} records sent, {} output records measured: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        system.name,
+        latencies_us.len(),
+        fig.p50_ms,
+        fig.p99_ms,
+        latencies_us.last().copied().unwrap_or(0) as f64 / 1000.0
+    );
+}
+
+/// Reads an output topic under read_committed in a thread, noting each record's send time and
+/// receive time.
+pub struct Receiver {
+    stop: Arc<AtomicBool>,
+    received: Arc<AtomicUsize>,
+    thread: std::thread::JoinHandle<Vec<(i64, i64)>>,
+}
+
+impl Receiver {
+    /// Reads `topic` from the beginning, or from `from` (one offset per partition).
+    pub fn start(topic: &str, from: Option<&[i64]>) -> Receiver {
+        let consumer: BaseConsumer = kafka::client_config()
+            .set("group.id", testbed::unique_name("bench-receiver"))
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            // Fetch as soon as anything is committed: the reader must not add latency of its own.
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .expect("receiver");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            let offset = from.map_or(Offset::Beginning, |f| Offset::Offset(f[p as usize]));
+            tpl.add_partition_offset(topic, p, offset).unwrap();
+        }
+        consumer.assign(&tpl).expect("assign");
+        let (stop, received) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let (stop_flag, count) = (stop.clone(), received.clone());
+        let thread = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !stop_flag.load(Ordering::Relaxed) {
+                match consumer.poll(Duration::from_millis(20)) {
+                    Some(Ok(m)) => {
+                        let received_at = now_us();
+                        if let Some(sent) = m.payload().and_then(sent_us) {
+                            seen.push((sent, received_at));
+                        }
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(Err(e)) => eprintln!("receiver: {e}"),
+                    None => {}
+                }
+            }
+            seen
+        });
+        Receiver {
+            stop,
+            received,
+            thread,
+        }
+    }
+
+    /// Records received so far.
+    pub fn received(&self) -> usize {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// Stops reading; returns (send time, receive time) in µs of every record received.
+    pub fn stop(self) -> Vec<(i64, i64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("receiver thread")
+    }
+
+    /// Waits (30 s at most) until `expected` records arrived; returns the latencies in µs of
+    /// those sent at or after `from_us`.
+    pub fn finish(self, expected: usize, from_us: i64) -> Vec<i64> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.received() < expected && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let records = self.stop();
+        if records.len() != expected {
+            println!(
+                "  warning: {} output records arrived, {expected} expected",
+                records.len()
+            );
+        }
+        records
+            .into_iter()
+            .filter(|&(sent, _)| sent >= from_us)
+            .map(|(sent, received)| received - sent)
+            .collect()
+    }
+}
+
+pub fn percentile(sorted: &[i64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1] as f64
+}
+
+/// Checks a dedup system's committed output against the input: every distinct id exactly once
+/// in `output`, nothing else, and every repeat in `duplicates`. Prints what it found.
+pub fn check_dedup_output(name: &str, output: &str, duplicates: &str, dataset: &Dataset) -> bool {
+    let mut ids = HashSet::new();
+    let mut unknown = 0u64;
+    let records = kafka::read_all(output, Isolation::ReadCommitted, |m| {
+        let id = m.key().map(<[u8]>::to_vec).unwrap_or_default();
+        if !dataset.ids.contains(&id) {
+            unknown += 1;
+        }
+        ids.insert(id);
+    });
+    let dups = kafka::read_all(duplicates, Isolation::ReadCommitted, |_| {});
+    let expected_dups = (dataset.records - dataset.distinct) as usize;
+    let correct = records == ids.len()
+        && unknown == 0
+        && ids.len() as u64 == dataset.distinct
+        && dups == expected_dups;
+    println!(
+        "{name} output: {records} records, {} distinct ids, {unknown} not in the input (input has {} distinct); \
+         duplicates topic: {dups} (expected {expected_dups}) — each id exactly once: {}",
+        ids.len(),
+        dataset.distinct,
+        if correct { "yes" } else { "NO" }
+    );
+    correct
+}
+
+/// The end offsets (high watermarks) of a topic's partitions.
+pub fn end_offsets(topic: &str) -> Vec<i64> {
+    let consumer: BaseConsumer = kafka::client_config().create().expect("consumer");
+    (0..PARTITIONS)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("fetch_watermarks")
+                .1
+        })
+        .collect()
+}
+
+/// Extra librdkafka properties for the Rust systems' clients (`BENCH_SYSTEM_PROPS="k=v,k=v"`),
+/// to see how a client setting moves the figures; none by default.
+pub fn system_properties() -> std::collections::BTreeMap<String, String> {
+    std::env::var("BENCH_SYSTEM_PROPS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+// ---- small helpers -------------------------------------------------------------------------
+
+/// Creates topics (4 partitions) and remembers them for deletion.
+pub struct Topics<'a> {
+    pub runtime: &'a tokio::runtime::Runtime,
+    pub created: Vec<String>,
+}
+
+impl Topics<'_> {
+    pub fn create(&mut self, names: &[&str]) {
+        for name in names {
+            self.runtime.block_on(kafka::create_topic(name, PARTITIONS));
+            self.created.push((*name).to_string());
+        }
+    }
+
+    /// Deletes every topic created (or listed) so far.
+    pub fn delete_all(&mut self) {
+        if self.created.is_empty() {
+            return;
+        }
+        let admin: AdminClient<DefaultClientContext> =
+            kafka::client_config().create().expect("admin client");
+        let names: Vec<&str> = self.created.iter().map(String::as_str).collect();
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        match self.runtime.block_on(admin.delete_topics(&names, &opts)) {
+            Ok(results) => {
+                for r in results {
+                    if let Err((topic, code)) = r {
+                        // A changelog the system never created is not an error worth a line.
+                        if code != rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition {
+                            eprintln!("deleting topic {topic}: {code}");
+                        }
+                    }
+                }
+            }
+            Err(e) => eprintln!("deleting the benchmark's topics: {e}"),
+        }
+        self.created.clear();
+    }
+}
+
+/// An HTTP call to a processor on 127.0.0.1: (status, body).
+pub fn http(port: u16, method: &str, path: &str) -> Option<(u16, String)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    streamapp_api::probe::call(addr, method, path, Duration::from_secs(60))
+        .ok()
+        .map(|r| (r.status, r.body))
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+/// utime + stime of a process (all its threads), in seconds.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may contain spaces): state is the first, utime the
+    // 12th and stime the 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / clock_ticks_per_second()
+}
+
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// VmHWM: the peak resident set size of a process so far.
+pub fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(0, usize::from)
+}
+
+pub fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
