@@ -20,7 +20,7 @@ help:
 	@echo "make setup   - install system packages, Kafka and the control plane (idempotent)"
 	@echo "make up/down - start/stop Kafka and the local Kubernetes control plane"
 	@echo "make bench   - processor benchmark: dedup vs a transactional copy, 1M records (needs make up)"
-	@echo "make bench-compare - side by side with Kafka Streams 4.4: table, CSV, chart (~30 min)"
+	@echo "make bench-compare - side by side with Kafka Streams 4.4: table, CSV, chart (~15 min)"
 	@echo "make lint    - rustfmt and clippy"
 	@echo "make crds    - regenerate crds/streamapp.dev_streamapps.yaml from the Rust types"
 

@@ -38,7 +38,7 @@ fi
 export STREAMAPP_KAFKA_BOOTSTRAP="${STREAMAPP_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}"
 export BENCH_CSV="$results/vs-kafka-streams.csv"
 
-log "running the comparison (at full size about 30 minutes on 2 cores)"
+log "running the comparison (at full size about 15 minutes on 2 cores)"
 cargo bench --locked -p streamapp-processor --bench vs_kafka_streams 2>&1 | tee "$results/vs-kafka-streams.txt"
 status=${PIPESTATUS[0]}
 ((status == 0)) || die "the comparison failed (exit $status); its output: $results/vs-kafka-streams.txt"
