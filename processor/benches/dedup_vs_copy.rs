@@ -49,24 +49,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let settings = Settings::from_env();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let mut topics = Topics {
-        runtime: &runtime,
-        created: Vec::new(),
-    };
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        bench(&settings, &mut topics)
-    }));
-    // Delete the run's topics whatever the outcome: they hold about 1 GB.
-    topics.delete_all();
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    run(|_, topics| bench(&settings, topics))
 }
 
 struct Settings {

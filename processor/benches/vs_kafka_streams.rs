@@ -58,24 +58,7 @@ const LIVE_FOR: Duration = Duration::from_secs(3);
 
 fn main() -> ExitCode {
     let settings = Settings::from_env();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let mut topics = Topics {
-        runtime: &runtime,
-        created: Vec::new(),
-    };
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        bench(&settings, &runtime, &mut topics)
-    }));
-    // Delete the run's topics whatever the outcome: they hold gigabytes.
-    topics.delete_all();
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    run(|runtime, topics| bench(&settings, runtime, topics))
 }
 
 struct Settings {
@@ -416,18 +399,16 @@ fn recover(settings: &Settings, app: &App, loaded: &Dataset) -> (Recovery, bool)
         .expect("producer");
     let mut ids: HashSet<Vec<u8>> = loaded.ids.clone();
     let mut live = Workload::with(0.0, "live");
-    let (start, mut sent) = (Instant::now(), 0u64);
-    while start.elapsed() < LIVE_FOR {
-        let due = (start.elapsed().as_secs_f64() * LIVE_RATE as f64) as u64;
-        while sent < due {
-            let (key, value) = live.next(now_us());
-            send(&producer, &app.input, &key, &value);
+    let sent = send_paced(
+        &producer,
+        &app.input,
+        &mut live,
+        LIVE_RATE,
+        LIVE_FOR,
+        |key| {
             ids.insert(key.into_bytes());
-            sent += 1;
-        }
-        producer.poll(Duration::ZERO);
-        std::thread::sleep(Duration::from_millis(1));
-    }
+        },
+    );
     system.kill9();
     producer.flush(Duration::from_secs(30)).expect("flush");
 

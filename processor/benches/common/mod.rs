@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -30,6 +30,55 @@ pub const RETENTION: Duration = Duration::from_secs(3600);
 pub const LATENCY_WARMUP: Duration = Duration::from_secs(3);
 /// A phase that makes no progress for this long is stuck, not slow: the run fails.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs a benchmark with a runtime and a topic registry, deletes every topic it created
+/// whatever the outcome (a run writes gigabytes), and turns its verdict into the exit code.
+pub fn run(bench: impl FnOnce(&tokio::runtime::Runtime, &mut Topics<'_>) -> bool) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let mut topics = Topics {
+        runtime: &runtime,
+        created: Vec::new(),
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        bench(&runtime, &mut topics)
+    }));
+    topics.delete_all();
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// Sends `workload`'s records to `topic` at `rate` records/s for `duration`, paced by the
+/// clock (every record at its due time, not in bursts per second). Calls `on_send` with each
+/// key; returns how many were sent. The caller flushes.
+pub fn send_paced(
+    producer: &BaseProducer,
+    topic: &str,
+    workload: &mut Workload,
+    rate: u64,
+    duration: Duration,
+    mut on_send: impl FnMut(String),
+) -> u64 {
+    let start = Instant::now();
+    let mut sent: u64 = 0;
+    while start.elapsed() < duration {
+        let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+        while sent < due {
+            let (key, value) = workload.next(now_us());
+            send(producer, topic, &key, &value);
+            on_send(key);
+            sent += 1;
+        }
+        producer.poll(Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sent
+}
 
 /// A number from the environment, or its default.
 pub fn env_num(name: &str, default: u64) -> u64 {
@@ -539,21 +588,15 @@ pub fn measure_latency(
         .create()
         .expect("producer");
     let mut workload = Workload::new();
-    let start = Instant::now();
     let warmup_end_us = now_us() + LATENCY_WARMUP.as_micros() as i64;
-    let total = LATENCY_WARMUP + duration;
-    let mut sent: u64 = 0;
-    while start.elapsed() < total {
-        // Paced by the clock: every record is sent at its due time, not in bursts per second.
-        let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
-        while sent < due {
-            let (key, value) = workload.next(now_us());
-            send(&producer, &system.input, &key, &value);
-            sent += 1;
-        }
-        producer.poll(Duration::ZERO);
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let sent = send_paced(
+        &producer,
+        &system.input,
+        &mut workload,
+        rate,
+        LATENCY_WARMUP + duration,
+        |_| {},
+    );
     producer
         .flush(Duration::from_secs(30))
         .expect("flushing the latency input");
