@@ -11,14 +11,15 @@ export CARGO_TARGET_DIR ?= $(STREAMAPP_CACHE)/target
 CARGO := cargo
 CARGO_FLAGS := --release --workspace --locked
 
-.PHONY: help setup system-packages tools build up down status test test-only bench bench-compare lint crds demo demo-down clean
+.PHONY: help setup system-packages tools build images up down status test test-only bench bench-compare lint crds demo demo-down clean
 
 help:
 	@echo "make demo    - set up, start the local services and run the demo"
 	@echo "make demo-down - stop the demo and the local services"
 	@echo "make test    - set up, start the local services, run all tests, stop the services"
 	@echo "make setup   - install system packages, Kafka and the control plane (idempotent)"
-	@echo "make up/down - start/stop Kafka and the local Kubernetes control plane"
+	@echo "make up/down - start/stop the test bed: Kafka, the Kubernetes control plane and a real node"
+	@echo "make images  - build the node's images (Debian base, pause, the project's image) with podman"
 	@echo "make bench   - processor benchmark: dedup vs a transactional copy, 1M records (needs make up)"
 	@echo "make bench-compare - side by side with Kafka Streams 4.4: table, CSV, chart (~15 min)"
 	@echo "make lint    - rustfmt and clippy"
@@ -36,17 +37,30 @@ tools:
 build:
 	$(CARGO) build $(CARGO_FLAGS) --bins
 
-up: build
+# The project's image from the binaries of `build` (Dockerfile target `prebuilt`), on a Debian
+# base made here; the pause image of the node.
+images: build
+	@dev/image.sh build
+
+# The test bed, all inside one network namespace of its own (dev/net.sh): Kafka, the control
+# plane, and a node (containerd + kubelet + kube-proxy) that runs the project's image.
+up: images
+	@dev/net.sh start
 	@dev/kafka.sh start
 	@dev/kube.sh start
+	@dev/node.sh start
 
 down:
+	@dev/node.sh stop
 	@dev/kube.sh stop
 	@dev/kafka.sh stop
+	@dev/net.sh stop
 
 status:
+	@dev/net.sh status
 	@dev/kafka.sh status
 	@dev/kube.sh status
+	@dev/node.sh status
 
 # Every run starts from an empty test bed (fresh Kafka log, fresh etcd) and stops it whatever
 # the tests' outcome; the exit code is the tests'.
@@ -59,16 +73,19 @@ test: setup
 
 # The tests alone, against services that are already up (`make up`): the workspace's tests,
 # then a small run of the Kafka Streams comparison for its exactly-once checks. Both run even
-# when the first fails; the exit code says whether both passed.
+# when the first fails; the exit code says whether both passed. The tests are compiled here
+# and run inside the test bed's network namespace, where Kafka and the API server are.
 test-only:
-	@status=0; $(CARGO) test $(CARGO_FLAGS) --no-fail-fast || status=$$?; \
+	$(CARGO) test $(CARGO_FLAGS) --no-run
+	@status=0; dev/net.sh exec $(CARGO) test $(CARGO_FLAGS) --offline --no-fail-fast || status=$$?; \
 	  dev/bench-compare-smoke.sh || status=$$?; exit $$status
 
 # The processor benchmark (processor/benches/dedup_vs_copy.rs) against the broker of `make up`:
 # the dedup topology next to a plain transactional copy, figures and ratios; asserts nothing.
 # `cargo bench` uses the bench profile, which inherits release and shares its build dir.
 bench:
-	$(CARGO) bench --locked -p streamapp-processor --bench dedup_vs_copy
+	$(CARGO) bench --locked -p streamapp-processor --bench dedup_vs_copy --no-run
+	dev/net.sh exec $(CARGO) bench --locked --offline -p streamapp-processor --bench dedup_vs_copy
 
 # streamapp-processor next to Kafka Streams 4.4 (bench/kafka-streams) on the local broker:
 # throughput, CPU, latency, memory, recovery after kill -9 with 1M and 5M keys. Installs the

@@ -2,7 +2,8 @@
 # `make bench-compare`: streamapp-processor next to Kafka Streams 4.4 on the local broker
 # (processor/benches/vs_kafka_streams.rs). Installs what it needs — Kafka's jars, the Kafka
 # Streams peer (bench/kafka-streams, through Maven) and matplotlib (a virtualenv) — all in the
-# cache folder; starts the broker if it is not running (and stops it again at the end); prints
+# cache folder; starts the broker (in the test bed's network namespace, dev/net.sh) if it is not
+# running (and stops it again at the end); prints
 # the table; writes vs-kafka-streams.{txt,csv,png} into $BENCH_RESULTS (default bench/results).
 # Smaller runs: BENCH_RECORDS, BENCH_RECOVERY_KEYS, BENCH_LATENCY_SECONDS (see the bench's doc);
 # `make test` runs a small one (dev/bench-compare-smoke.sh) for its correctness checks.
@@ -32,14 +33,18 @@ if ! cmp -s "$requirements" "$venv/requirements.txt" 2>/dev/null; then
 fi
 
 if ! "$DEV_DIR/kafka.sh" status | grep -q "kafka running"; then
+  "$DEV_DIR/net.sh" start
   "$DEV_DIR/kafka.sh" start
   trap '"$DEV_DIR/kafka.sh" stop' EXIT
 fi
 export STREAMAPP_KAFKA_BOOTSTRAP="${STREAMAPP_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}"
 export BENCH_CSV="$results/vs-kafka-streams.csv"
 
+cargo bench --locked -p streamapp-processor --bench vs_kafka_streams --no-run
 log "running the comparison (at full size about 15 minutes on 2 cores)"
-cargo bench --locked -p streamapp-processor --bench vs_kafka_streams 2>&1 | tee "$results/vs-kafka-streams.txt"
+# Inside the test bed's network namespace, where the broker is (no relay in the data path).
+in_testbed cargo bench --locked --offline -p streamapp-processor --bench vs_kafka_streams 2>&1 |
+  tee "$results/vs-kafka-streams.txt"
 status=${PIPESTATUS[0]}
 ((status == 0)) || die "the comparison failed (exit $status); its output: $results/vs-kafka-streams.txt"
 

@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# The local demo: an operator, a StreamApp, its processors and agents, and the dashboard.
+# The local demo: the operator, a StreamApp, its processors and agents, and the dashboard — all
+# as pods on the test bed's real node, from the project's own image.
 #   dev/demo.sh up     (what `make demo` runs after `make setup` and `make up`)
 #   dev/demo.sh down   (what `make demo-down` runs before `make down`)
 #
-# There is no container runtime here, so the pieces that would run in containers run as local
-# processes, with the identity and permissions they would have in the cluster:
-# - the operator runs with a token of the ServiceAccount the Helm chart creates (the chart's
-#   Deployment is installed with 0 replicas);
-# - dev/testbed's local-kubelet runs each StreamApp pod's processor and agent, with the pod's
-#   environment, ConfigMap, volume directory and ServiceAccount token, and reports readiness.
+# It does what a user does on a cluster: `helm install` the operator chart (the operator runs
+# as a Deployment pod), `kubectl apply` examples/streamapp.yaml (with the image built here
+# instead of the published one), and watches `kubectl get streamapps`. The kubelet runs the
+# processor and the agent sidecar, their probes and the preStop drain; nothing is emulated.
 source "$(dirname "$0")/lib.sh"
 
 demo="$STREAMAPP_RUN/demo"
@@ -23,24 +22,6 @@ input=orders.commands
 
 step() { printf '\n\033[1;34m==> %s\033[0m\n' "$*" >&2; }
 
-start_bg() {
-  local name=$1
-  shift
-  pid_alive "$demo/$name.pid" && return
-  nohup "$@" >"$demo/$name.log" 2>&1 &
-  echo $! >"$demo/$name.pid"
-}
-
-operator_kubeconfig() {
-  local token
-  token=$(kubectl -n "$operator_ns" create token "$release" --duration 24h)
-  local kc="$demo/operator.kubeconfig"
-  cp "$KUBECONFIG_PATH" "$kc"
-  kubectl --kubeconfig "$kc" config set-credentials operator --token "$token" >/dev/null
-  kubectl --kubeconfig "$kc" config set-context --current --user operator >/dev/null
-  echo "$kc"
-}
-
 app_ready() {
   [[ $(kubectl -n "$app_ns" get streamapp "$app" -o jsonpath='{.status.phase}/{.status.conditions[?(@.type=="StateHealthy")].status}') == Running/True ]]
 }
@@ -52,27 +33,25 @@ up() {
   step "Kafka topics for the example (input with 4 partitions)"
   "$bin/demo-commands" create-topics "$input:4" "$input.deduped:4" "$input.duplicates:4" "$input.dlq:1"
 
-  step "Installing the CRD and the operator's RBAC with Helm (chart charts/streamapp-operator)"
+  step "helm install the operator (chart charts/streamapp-operator, image $APP_IMAGE)"
   helm upgrade --install "$release" "$REPO_DIR/charts/streamapp-operator" \
-    --namespace "$operator_ns" --create-namespace --set replicas=0 --wait >"$demo/helm.log" 2>&1 ||
-    { cat "$demo/helm.log" >&2; die "helm install failed"; }
-  kubectl wait --for condition=Established crd/streamapps.streamapp.dev --timeout 60s >/dev/null
+    --namespace "$operator_ns" --create-namespace \
+    --set image.repository="${APP_IMAGE%:*}" --set image.tag="${APP_IMAGE##*:}" --set image.pullPolicy=Never \
+    --wait --timeout 120s >"$demo/helm.log" 2>&1 ||
+    { cat "$demo/helm.log" >&2; kubectl -n "$operator_ns" get pods -o wide >&2; die "helm install failed"; }
+  kubectl -n "$operator_ns" get pods -o wide
 
-  step "Starting the operator (as the chart's ServiceAccount; log: $demo/operator.log)"
-  KUBECONFIG="$(operator_kubeconfig)" POD_NAMESPACE="$operator_ns" \
-    start_bg operator "$bin/streamapp-operator" --metrics-port 18070 --leader-election true
-  step "Starting the local kubelet for StreamApp pods (log: $demo/local-kubelet.log)"
-  start_bg local-kubelet "$bin/local-kubelet" --bin-dir "$bin" --run-dir "$demo" --base-port 18080 --namespace "$app_ns"
-
-  step "Applying examples/streamapp.yaml"
-  kubectl apply -f "$REPO_DIR/examples/streamapp.yaml"
+  step "kubectl apply -f examples/streamapp.yaml (image: $APP_IMAGE)"
+  sed "s#image: ghcr.io/streamapp-dev/streamapp:.*#image: $APP_IMAGE#" "$REPO_DIR/examples/streamapp.yaml" |
+    kubectl apply -f -
 
   step "Waiting for the StreamApp to be Running with healthy state"
   local deadline=$((SECONDS + 240))
   until app_ready; do
     ((SECONDS < deadline)) || {
       kubectl -n "$app_ns" get streamapp "$app" -o yaml >&2
-      die "the StreamApp did not become ready; logs in $demo"
+      kubectl -n "$app_ns" get pods -o wide >&2
+      die "the StreamApp did not become ready (kubectl -n $app_ns describe pods; kubectl -n $app_ns logs <pod> -c processor)"
     }
     printf '  %s\n' "$(kubectl -n "$app_ns" get streamapp "$app" --no-headers 2>/dev/null || echo waiting)"
     sleep 3
@@ -92,7 +71,7 @@ up() {
   step "Waiting for the processors to commit everything"
   deadline=$((SECONDS + 120))
   until (($(count "$input.deduped") - before_out >= distinct)); do
-    ((SECONDS < deadline)) || die "the output did not reach $distinct new records; logs in $demo/pods"
+    ((SECONDS < deadline)) || die "the output did not reach $distinct new records (kubectl -n $app_ns logs <pod> -c processor)"
     sleep 2
   done
   sleep 2
@@ -116,8 +95,9 @@ The demo keeps running. Try:
   export KUBECONFIG=$KUBECONFIG_PATH PATH=$KUBE_BIN:$TOOLS_BIN:\$PATH
   kubectl get streamapps -A -w
   kubectl scale streamapp $app -n $app_ns --replicas 3
-  $bin/streamapp-processor inspect <state dir>   (state dirs: $STREAMAPP_RUN/volumes/*)
-Logs: $demo (operator.log, local-kubelet.log, pods/<namespace>/<pod>/{processor,agent}.log)
+  kubectl -n $app_ns delete pod $app-0          (the kubelet runs the preStop drain)
+  kubectl -n $app_ns exec $app-0 -c processor -- streamapp-processor inspect /var/lib/streamapp/state
+  kubectl -n $app_ns logs $app-0 -c processor
 Stop it all with: make demo-down
 EOF
 }
@@ -125,13 +105,9 @@ EOF
 down() {
   step "Stopping the demo"
   if [[ -f $KUBECONFIG_PATH ]] && kubectl get --raw /readyz >/dev/null 2>&1; then
-    kubectl delete -f "$REPO_DIR/examples/streamapp.yaml" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-  fi
-  # The kubelet drains every processor it runs before it exits.
-  stop_pid local-kubelet "$demo/local-kubelet.pid"
-  stop_pid operator "$demo/operator.pid"
-  if [[ -f $KUBECONFIG_PATH ]] && kubectl get --raw /readyz >/dev/null 2>&1; then
-    helm uninstall "$release" --namespace "$operator_ns" >/dev/null 2>&1 || true
+    # The kubelet drains each processor (preStop) before its pod goes.
+    kubectl delete -f "$REPO_DIR/examples/streamapp.yaml" --ignore-not-found --timeout 120s >/dev/null 2>&1 || true
+    helm uninstall "$release" --namespace "$operator_ns" --wait >/dev/null 2>&1 || true
   fi
 }
 

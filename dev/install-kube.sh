@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the local Kubernetes control plane from Go modules into the cache:
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (same version as the
-#   API server, so there is no client/server skew), kwok (fake kubelet) and helm.
+#   API server, so there is no client/server skew), the node's kubelet and kube-proxy (same
+#   module and version), kwok (fake nodes) and helm.
 # Idempotent: a binary that is already in the cache is not rebuilt.
 #
 # k8s.io/kubernetes and etcd's server module cannot be `go install`ed: their go.mod files
@@ -49,12 +50,12 @@ kube_staging_version() { echo "v0.${2#v1.}"; }
 etcd_sibling_version() { [[ $1 == go.etcd.io/etcd/*/v3 ]] && echo "$2" || true; }
 
 build_kube() {
-  local bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
   local missing=0
   for b in "${bins[@]}"; do [[ -x $KUBE_BIN/$b ]] || missing=1; done
   ((missing)) || { log "kubernetes $KUBE_VERSION binaries already built"; return; }
-  log "building kubernetes $KUBE_VERSION (kube-apiserver, controller-manager, scheduler, kubectl);" \
-    "the first build takes 20-40 minutes on 2 cores"
+  log "building kubernetes $KUBE_VERSION (${bins[*]});" \
+    "the first build takes 15-40 minutes on 2 cores"
   local dir="$work/kubernetes-$KUBE_VERSION"
   wrapper_module "$dir" k8s.io/kubernetes "$KUBE_VERSION" kube_staging_version
   local minor=${KUBE_VERSION#v1.}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Starts or stops the local single-node Apache Kafka (KRaft: combined broker + controller).
 #   dev/kafka.sh start|stop|status
-# Data, config and the log live in $STREAMAPP_RUN/kafka; the broker listens on 127.0.0.1:$KAFKA_PORT.
+# Data, config and the log live in $STREAMAPP_RUN/kafka. The broker runs in the test bed's network
+# namespace (dev/net.sh) with two listeners: 127.0.0.1:$KAFKA_PORT (its loopback: tests, tools,
+# and this machine's loopback through the relay) and $NODE_IP:$KAFKA_POD_PORT for the pods.
 source "$(dirname "$0")/lib.sh"
 
 dir="$STREAMAPP_RUN/kafka"
@@ -18,11 +20,12 @@ write_config() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+# Each listener advertises its own address, so a client keeps talking to the address it used.
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,PODS://$NODE_IP:$KAFKA_POD_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,PODS://$NODE_IP:$KAFKA_POD_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PODS:PLAINTEXT
 log.dirs=$dir/data
 # One broker: every internal topic has one replica, so transactions and groups work.
 offsets.topic.replication.factor=1
@@ -60,11 +63,12 @@ PROPS
 
 broker_answers() {
   # The port is open and the server logged that it finished starting.
-  (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null && grep -q "Kafka Server started" "$logfile"
+  in_testbed bash -c "exec 3<>/dev/tcp/127.0.0.1/$KAFKA_PORT" 2>/dev/null && grep -q "Kafka Server started" "$logfile"
 }
 
 start() {
   [[ -f $KAFKA_HOME/.complete ]] || die "kafka is not installed: run 'make setup' (or dev/install-kafka.sh)"
+  [[ -e $NETNS_PATH ]] || die "the test bed's network namespace is missing: run 'make up' (or dev/net.sh start first)"
   if pid_alive "$pidfile"; then
     log "kafka already running (pid $(cat "$pidfile")) on 127.0.0.1:$KAFKA_PORT"
     return
@@ -79,10 +83,10 @@ start() {
   fi
   log "starting kafka $KAFKA_VERSION on 127.0.0.1:$KAFKA_PORT (log: $logfile)"
   : >"$logfile"
-  nohup "${kafka_java[@]}" kafka.Kafka "$dir/server.properties" >>"$logfile" 2>&1 &
+  nohup nsenter --net="$NETNS_PATH" -- "${kafka_java[@]}" kafka.Kafka "$dir/server.properties" >>"$logfile" 2>&1 &
   echo $! >"$pidfile"
   wait_until 120 "kafka" "$logfile" broker_answers
-  log "kafka is up: bootstrap servers 127.0.0.1:$KAFKA_PORT"
+  log "kafka is up: bootstrap servers 127.0.0.1:$KAFKA_PORT (pods: $NODE_IP:$KAFKA_POD_PORT)"
 }
 
 case "${1:-}" in

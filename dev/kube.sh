@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Starts or stops the local Kubernetes control plane:
-#   etcd, kube-apiserver (RBAC on), kube-controller-manager, kube-scheduler, kwok (a fake
-#   kubelet that runs no containers: it marks pods on its fake node Running, with the stages
-#   in dev/kube/kwok-stages.yaml) and the test
-#   bed's PersistentVolume provisioner.
+# Starts or stops the local Kubernetes control plane, inside the test bed's network namespace
+# (dev/net.sh): etcd, kube-apiserver (Node and RBAC authorization), kube-controller-manager,
+# kube-scheduler, kwok (fake nodes for tests that need many nodes: it marks pods on them
+# Running without running anything, stages in dev/kube/kwok-stages.yaml; its node is tainted so
+# that only pods that ask for it land there) and the test bed's PersistentVolume provisioner.
+# The real node that runs pods (containerd + kubelet) is dev/node.sh.
 #   dev/kube.sh start|stop|status
-# The admin kubeconfig is written to $KUBECONFIG_PATH.
+# The admin kubeconfig is written to $KUBECONFIG_PATH; the API server answers on
+# https://127.0.0.1:$APISERVER_PORT inside the namespace (and, through dev/net.sh's relay, on this
+# machine's loopback) and on https://$NODE_IP:$APISERVER_PORT for the node and the pods.
 source "$(dirname "$0")/lib.sh"
 
 dir="$STREAMAPP_RUN/kube"
@@ -14,8 +17,22 @@ APISERVER_URL="https://127.0.0.1:$APISERVER_PORT"
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok local-provisioner)
 PROVISIONER_BIN="${PROVISIONER_BIN:-${CARGO_TARGET_DIR:-$STREAMAPP_CACHE/target}/release/local-provisioner}"
 
+# client_cert NAME CN [ORG]: a key and a certificate signed by the CA, for client authentication.
+client_cert() {
+  local name=$1 cn=$2 org=${3:-}
+  local subj="/CN=$cn"
+  [[ -n $org ]] && subj="/O=$org/CN=$cn"
+  openssl ecparam -name prime256v1 -genkey -noout -out "$name.key" 2>/dev/null
+  openssl req -new -key "$name.key" -subj "$subj" -out "$name.csr" 2>/dev/null
+  printf 'extendedKeyUsage=clientAuth\n' >"$name.ext"
+  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+    -extfile "$name.ext" -out "$name.crt" 2>/dev/null
+}
+
 # Certificates and keys: a CA, the API server's serving certificate, the service-account
-# signing key pair, and a static admin token (in system:masters) for every local client.
+# signing key pair, a static admin token (in system:masters) for every local client, and client
+# certificates for the node's kubelet (system:node:<name>, authorized by the Node authorizer),
+# kube-proxy and the API server's own calls to the kubelet (logs, exec).
 make_pki() {
   [[ -f $pki/.complete ]] && return
   mkdir -p "$pki"
@@ -26,14 +43,17 @@ make_pki() {
     openssl req -x509 -new -key ca.key -subj "/CN=streamapp-local-ca" -days 3650 -out ca.crt 2>/dev/null
     openssl ecparam -name prime256v1 -genkey -noout -out apiserver.key 2>/dev/null
     openssl req -new -key apiserver.key -subj "/CN=kube-apiserver" -out apiserver.csr 2>/dev/null
-    printf 'subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n' >apiserver.ext
+    printf 'subjectAltName=IP:127.0.0.1,IP:%s,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n' "$NODE_IP" >apiserver.ext
     openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
       -extfile apiserver.ext -out apiserver.crt 2>/dev/null
+    client_cert kubelet "system:node:$NODE_NAME" system:nodes
+    client_cert kube-proxy system:kube-proxy
+    client_cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
     echo "$(openssl rand -hex 24),admin,admin,system:masters" >tokens.csv
     touch .complete
-  )
+  ) || die "creating the test bed's certificates in $pki failed (openssl)"
 }
 
 write_kubeconfig() {
@@ -59,7 +79,8 @@ current-context: streamapp-local
 KC
 }
 
-# start_bg NAME CMD...: runs CMD in the background, logging to $dir/NAME.log.
+# start_bg NAME CMD...: runs CMD in the background inside the test bed's network namespace,
+# logging to $dir/NAME.log.
 start_bg() {
   local name=$1
   shift
@@ -67,11 +88,11 @@ start_bg() {
     log "$name already running (pid $(cat "$dir/$name.pid"))"
     return
   fi
-  nohup "$@" >"$dir/$name.log" 2>&1 &
+  nohup nsenter --net="$NETNS_PATH" -- "$@" >"$dir/$name.log" 2>&1 &
   echo $! >"$dir/$name.pid"
 }
 
-k() { kubectl --kubeconfig "$KUBECONFIG_PATH" "$@"; }
+k() { in_testbed kubectl --kubeconfig "$KUBECONFIG_PATH" "$@"; }
 
 apiserver_ready() { k get --raw /readyz; }
 node_ready() { [[ $(k get node kwok-node-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]]; }
@@ -83,6 +104,7 @@ start() {
   done
   [[ -x $TOOLS_BIN/kwok ]] || die "kwok is not built: run 'make setup' (or dev/install-kube.sh)"
   [[ -x $PROVISIONER_BIN ]] || die "local-provisioner is not built at $PROVISIONER_BIN: run 'make build'"
+  [[ -e $NETNS_PATH ]] || die "the test bed's network namespace is missing: run 'make up' (or dev/net.sh start first)"
   mkdir -p "$dir"
   make_pki
   write_kubeconfig
@@ -92,20 +114,22 @@ start() {
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "local=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --log-level warn
-  wait_until 60 etcd "$dir/etcd.log" curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+  wait_until 60 etcd "$dir/etcd.log" in_testbed curl -sf "http://127.0.0.1:$ETCD_PORT/health"
 
   log "starting kube-apiserver on $APISERVER_URL"
   start_bg kube-apiserver "$KUBE_BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
-    --endpoint-reconciler-type none \
+    --bind-address 0.0.0.0 --advertise-address "$NODE_IP" --secure-port "$APISERVER_PORT" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" --token-auth-file "$pki/tokens.csv" \
-    --authorization-mode RBAC \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types InternalIP,Hostname \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --api-audiences https://kubernetes.default.svc.cluster.local \
-    --service-cluster-ip-range 10.96.0.0/16 --allow-privileged=true
+    --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true
   wait_until 120 kube-apiserver "$dir/kube-apiserver.log" apiserver_ready
 
   log "starting kube-controller-manager and kube-scheduler"
@@ -113,12 +137,13 @@ start() {
     --kubeconfig "$KUBECONFIG_PATH" --leader-elect=false --secure-port 0 \
     --use-service-account-credentials=false \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
-    --concurrent-statefulset-syncs 5 --concurrent-gc-syncs 5
+    --concurrent-statefulset-syncs 5 --concurrent-gc-syncs 5 \
+    --service-cluster-ip-range "$SERVICE_CIDR" --pvclaimbinder-sync-period 2s
   start_bg kube-scheduler "$KUBE_BIN/kube-scheduler" \
     --kubeconfig "$KUBECONFIG_PATH" --leader-elect=false --secure-port 0
 
-  log "starting kwok (fake kubelet) and the local volume provisioner"
-  # Stages: StreamApp pods become Running but not Ready (tests play the readiness prober);
+  log "starting kwok (fake nodes) and the local volume provisioner"
+  # Stages: StreamApp pods on a fake node become Running but never Ready (nothing runs them);
   # every other pod is Running and Ready at once.
   start_bg kwok "$TOOLS_BIN/kwok" --kubeconfig "$KUBECONFIG_PATH" --config "$DEV_DIR/kube/kwok-stages.yaml" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \

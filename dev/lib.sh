@@ -24,6 +24,25 @@ ETCD_PORT="${ETCD_PORT:-12379}"
 ETCD_PEER_PORT="${ETCD_PEER_PORT:-12380}"
 APISERVER_PORT="${APISERVER_PORT:-16443}"
 
+# The test bed's container images (dev/image.sh) and their OCI archives.
+IMAGES_DIR="$STREAMAPP_CACHE/images"
+BASE_IMAGE="${BASE_IMAGE:-localhost/streamapp/debian:bookworm}"
+PAUSE_IMAGE="${PAUSE_IMAGE:-localhost/streamapp/pause:1}"
+APP_IMAGE="${APP_IMAGE:-localhost/streamapp/streamapp:dev}"
+
+# The test bed's network: one network namespace that the test bed creates and owns. Kafka, the
+# control plane, the node (containerd, kubelet, kube-proxy) and its pods all live in it, and
+# nothing in it is routed anywhere else. NODE_IP is the node's address inside it (on a veth pair
+# whose ends both stay inside); 127.0.0.1 inside it is its own loopback. dev/net.sh makes it.
+TESTBED_NETNS="${TESTBED_NETNS:-streamapp-testbed}"
+NETNS_PATH="/run/netns/$TESTBED_NETNS"
+NODE_IP="${NODE_IP:-10.213.0.1}"
+NODE_NAME="${NODE_NAME:-streamapp-node}"
+POD_CIDR="${POD_CIDR:-10.214.0.0/24}"
+SERVICE_CIDR="${SERVICE_CIDR:-10.96.0.0/16}"
+# Kafka's listener for pods (advertised as NODE_IP:KAFKA_POD_PORT).
+KAFKA_POD_PORT="${KAFKA_POD_PORT:-19094}"
+
 KAFKA_HOME="$STREAMAPP_CACHE/kafka-$KAFKA_VERSION"
 KUBE_BIN="$STREAMAPP_CACHE/kube-$KUBE_VERSION/bin"
 TOOLS_BIN="$STREAMAPP_CACHE/tools/bin"
@@ -48,6 +67,13 @@ wait_until() {
     fi
     sleep 0.5
   done
+}
+
+# in_testbed CMD...: runs CMD inside the test bed's network namespace. nsenter, not
+# `ip netns exec`: that one remounts /sys and would hide the cgroup hierarchies.
+in_testbed() {
+  [[ -e $NETNS_PATH ]] || die "the test bed's network namespace $TESTBED_NETNS does not exist: run 'make up' (or dev/net.sh start)"
+  nsenter --net="$NETNS_PATH" -- "$@"
 }
 
 # pid_alive PIDFILE: true when the process recorded in PIDFILE still runs.

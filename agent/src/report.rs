@@ -31,9 +31,12 @@ pub fn pod_status(
     // or too slow to answer), so the file is still its own account of itself.
     let alive = probes.healthz || probes.pid_alive;
     let file_phase = file.map(|h| h.phase);
+    // A new volume: the agent (a native sidecar) starts before the processor ever did.
+    let fresh_volume = matches!(health, HealthFile::Missing) && disk.tasks.is_empty();
     let phase = match (file_phase, alive) {
         (Some(p), true) => phase_name(p),
         (None, true) => phase_name(ProcessorPhase::Starting),
+        (None, false) if fresh_volume => phase_name(ProcessorPhase::Starting),
         // A drained or failed processor exits: that is its final state, not an outage.
         (Some(p @ (ProcessorPhase::Drained | ProcessorPhase::Failed)), false) => phase_name(p),
         (_, false) => PHASE_DOWN,
@@ -63,6 +66,9 @@ pub fn pod_status(
         drain_duration_ms: file
             .and_then(|h| h.drain_duration_ms)
             .and_then(|d| i64::try_from(d).ok()),
+        drain_requested_by: file
+            .and_then(|h| h.drain_requested_by)
+            .map(|by| format!("{by:?}")),
         free_disk_bytes: disk.free_bytes.and_then(|b| i64::try_from(b).ok()),
         quarantines: i32::try_from(quarantines).unwrap_or(i32::MAX),
         message: None,
@@ -610,6 +616,20 @@ mod tests {
         assert_eq!(s.last_shutdown_clean, None);
         assert_eq!(s.tasks.len(), 1);
         assert_eq!(s.tasks[0].wal_files, 2);
+        assert!(s.message.unwrap().contains("no processor has run"));
+    }
+
+    #[test]
+    fn a_new_volume_before_the_processor_first_started_is_starting_not_down() {
+        let s = pod_status(
+            "pod-0",
+            &HealthFile::Missing,
+            &DiskReport::default(),
+            &gone(),
+            NOW,
+        );
+        assert_eq!(s.phase.as_deref(), Some("Starting"));
+        assert_eq!(s.last_shutdown_clean, None);
         assert!(s.message.unwrap().contains("no processor has run"));
     }
 

@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, LocalObjectReference, ResourceRequirements, Toleration, TopologySpreadConstraint,
+    Affinity, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+    TopologySpreadConstraint,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
@@ -323,6 +324,11 @@ pub struct PodOverrides {
     pub image_pull_secrets: Vec<LocalObjectReference>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// Extra environment variables of the processor container, for example `RUST_LOG`. The
+    /// variables the operator sets itself (`POD_NAME`, `STREAMAPP_*`, `KAFKA_SASL_*`) keep the
+    /// operator's values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
 }
 
 /// The agent sidecar.
@@ -408,6 +414,10 @@ pub struct PodStateStatus {
     /// How long the last drain took, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_duration_ms: Option<i64>,
+    /// Who asked for the last drain: `Http` (the preStop hook's `streamapp-processor drain`)
+    /// or `Signal` (SIGTERM without a preStop drain first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_requested_by: Option<String>,
     /// Free bytes on the state volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub free_disk_bytes: Option<i64>,

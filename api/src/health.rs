@@ -52,12 +52,25 @@ pub struct ProcessorHealth {
     /// Set when a drain finished: how long it took.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_duration_ms: Option<u64>,
+    /// Set when a drain was asked for: by whom.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_requested_by: Option<DrainRequest>,
     /// Why the processor failed, when phase is Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// One entry per task (input partition) this process owns.
     #[serde(default)]
     pub tasks: Vec<TaskHealth>,
+}
+
+/// Who asked the processor to drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum DrainRequest {
+    /// `POST /drain`: what the pod's preStop hook (`streamapp-processor drain`) sends.
+    Http,
+    /// SIGTERM or SIGINT: the kubelet stopping the container (after the preStop hook, or
+    /// without one).
+    Signal,
 }
 
 /// How a task's store was opened.

@@ -8,6 +8,7 @@
 //!   owned objects, all marked by [`owned`].
 //! - [`preflight`]: what CEL cannot check (configuration, memory budget); blocks rollouts.
 //! - [`storage`]: growing volumes that StatefulSets cannot grow.
+//! - [`pod_health`]: what the kubelet reports about pods that cannot start or were OOM-killed.
 //! - [`status`]: the aggregate status and its conditions; [`events`]: what is worth an Event.
 //! - [`leader`]: Lease-based leader election; [`metrics`]: Prometheus metrics and health.
 //! - [`cli`]: flags and the program's entry point; [`run`]: the operator as a library call
@@ -21,6 +22,7 @@ pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod owned;
+pub mod pod_health;
 pub mod preflight;
 pub mod processor_config;
 pub mod rbac;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -18,6 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -29,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::events::{Notice, status_changes, workload_changes};
 use crate::metrics::Metrics;
 use crate::owned::{self, FIELD_MANAGER};
+use crate::pod_health::pod_problems;
 use crate::preflight::preflight;
 use crate::status::{Findings, compute_status, needs_update};
 use crate::storage::{StorageFinding, StoragePlan, plan_storage};
@@ -87,6 +89,12 @@ pub async fn run_controller(ctx: Arc<Context>, namespace: Option<String>) {
         .owns(api::<ServiceAccount>(&client, ns), owned())
         .owns(api::<Role>(&client, ns), owned())
         .owns(api::<RoleBinding>(&client, ns), owned())
+        // Pods belong to the StatefulSet, not to the StreamApp: mapped by their app label, so
+        // a pod that cannot start (which changes no StatefulSet count) is seen too.
+        .watches(api::<Pod>(&client, ns), owned(), |pod: Pod| {
+            let app = pod.labels().get(owned::APP_LABEL)?.clone();
+            Some(ObjectRef::<StreamApp>::new(&app).within(&pod.namespace()?))
+        })
         .with_config(ControllerConfig::default().concurrency(16))
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -165,12 +173,19 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action>
         }
     };
 
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default().labels(&owned::selector_string(&app)))
+        .await
+        .map_err(Error::kube(format!("listing the pods of {id}")))?
+        .items;
+    let now = Timestamp::now();
     let findings = Findings {
         blocker,
         storage: storage.finding(),
         desired_config_hash: Some(rendered.hash.clone()),
+        pods: pod_problems(&pods, now),
     };
-    let status = compute_status(&app, sts.as_ref(), &findings, Timestamp::now());
+    let status = compute_status(&app, sts.as_ref(), &findings, now);
     notices.extend(status_changes(app.status.as_ref(), &status));
     if needs_update(&app, &status) {
         let patch = serde_json::json!({

@@ -269,6 +269,15 @@ fn processor_container(app: &StreamApp) -> Container {
         env.push(plain_env("STREAMAPP_KAFKA_TLS_DIR", KAFKA_TLS_DIR));
         mounts.push(mount("kafka-tls", KAFKA_TLS_DIR, true));
     }
+    // The user's extra variables, after ours; one of ours of the same name wins.
+    let extra: Vec<EnvVar> = spec
+        .pod
+        .iter()
+        .flat_map(|p| p.env.iter())
+        .filter(|e| !env.iter().any(|ours| ours.name == e.name))
+        .cloned()
+        .collect();
+    env.extend(extra);
     Container {
         name: PROCESSOR_CONTAINER.into(),
         image: Some(spec.image.clone()),
@@ -483,6 +492,47 @@ mod tests {
             .iter()
             .find(|m| m.name == volume)
             .map(|m| m.mount_path.as_str())
+    }
+
+    #[test]
+    fn extra_environment_is_added_but_never_replaces_the_operators() {
+        let mut app = app();
+        app.spec.pod = Some(PodOverrides {
+            env: vec![
+                EnvVar {
+                    name: "RUST_LOG".into(),
+                    value: Some("debug".into()),
+                    ..Default::default()
+                },
+                EnvVar {
+                    name: "POD_NAME".into(),
+                    value: Some("impostor".into()),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        });
+        let sts = desired_statefulset(&app, "h1");
+        let p = container(&sts, "processor");
+        assert_eq!(env_str(p, "RUST_LOG"), Some("debug"));
+        let pod_names: Vec<_> = p
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|e| e.name == "POD_NAME")
+            .collect();
+        assert_eq!(pod_names.len(), 1);
+        assert!(
+            pod_names[0].value_from.is_some(),
+            "the operator's POD_NAME stays"
+        );
+        let agent = container(&sts, "agent");
+        assert_eq!(
+            env_str(agent, "RUST_LOG"),
+            None,
+            "only the processor gets them"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use streamapp_api::crd::{PodStateStatus, StreamApp, StreamAppStatus};
 use streamapp_api::units::format_duration;
 
 use crate::owned;
+use crate::pod_health::PodProblem;
 use crate::preflight::Blocker;
 use crate::statefulset::CONFIG_HASH_ANNOTATION;
 use crate::storage::{STORAGE_NOT_EXPANDABLE, StorageFinding};
@@ -33,6 +34,11 @@ pub const PHASE_STOPPED: &str = "Stopped";
 pub const STORAGE_RESIZING: &str = "StorageResizing";
 /// Degraded reason when pods that were ready are not, or never became ready in time.
 pub const PODS_NOT_READY: &str = "PodsNotReady";
+/// Ready, Progressing and Degraded reason when pods cannot start or be scheduled (an image
+/// that does not exist, a crash loop, no node with room): waiting does not help.
+pub const PODS_NOT_STARTING: &str = "PodsNotStarting";
+/// Degraded reason when the kernel killed a container for exceeding its memory limit.
+pub const OOM_KILLED: &str = "OOMKilled";
 
 /// How long pods may take to become ready (restore their stores) after a change before the
 /// StreamApp counts as Degraded. Restores replay only a changelog tail normally, but a rebuild
@@ -47,6 +53,8 @@ pub struct Findings {
     pub storage: StorageFinding,
     /// Hash of the configuration the spec asks for (used until a StatefulSet exists).
     pub desired_config_hash: Option<String>,
+    /// What the kubelet reports about the pods (see [`crate::pod_health`]).
+    pub pods: Vec<PodProblem>,
 }
 
 /// Counts of the StatefulSet that the status is made of.
@@ -110,12 +118,27 @@ pub fn compute_status(
         || find(&previous.conditions, DEGRADED)
             .is_some_and(|c| c.status == "True" && c.reason == PODS_NOT_READY);
     let pods_lagging = desired > 0 && sts.is_some() && ready < desired && !rolling;
+    let describe = |pred: fn(&PodProblem) -> bool| -> Option<String> {
+        let lines: Vec<String> = findings
+            .pods
+            .iter()
+            .filter(|p| pred(p))
+            .map(PodProblem::describe)
+            .collect();
+        (!lines.is_empty()).then(|| lines.join("; "))
+    };
+    let not_starting = describe(|p| !matches!(p, PodProblem::OomKilled { .. }));
+    let oom_killed = describe(|p| matches!(p, PodProblem::OomKilled { .. }));
 
     // Degraded, by priority.
     let degraded: Option<(String, String)> = if let Some(b) = &findings.blocker {
         Some((b.reason.to_string(), b.message.clone()))
     } else if let StorageFinding::NotExpandable(message) = &findings.storage {
         Some((STORAGE_NOT_EXPANDABLE.to_string(), message.clone()))
+    } else if let Some(message) = &not_starting {
+        Some((PODS_NOT_STARTING.to_string(), message.clone()))
+    } else if let Some(message) = &oom_killed {
+        Some((OOM_KILLED.to_string(), message.clone()))
     } else if state.status == "False" && matches!(state.reason, PROCESSOR_FAILED | PROCESSOR_DOWN) {
         Some((state.reason.to_string(), state.message.clone()))
     } else if pods_lagging && (was_steady || overdue) {
@@ -155,6 +178,12 @@ pub fn compute_status(
             "AllPodsReady",
             format!("{ready}/{desired} pods ready"),
         )
+    } else if let Some(message) = &not_starting {
+        (
+            "False",
+            PODS_NOT_STARTING,
+            format!("{ready}/{desired} pods ready; {message}"),
+        )
     } else {
         (
             "False",
@@ -183,6 +212,11 @@ pub fn compute_status(
             ),
         ),
         None => ("True", "Creating", "creating the StatefulSet".to_string()),
+        Some(_) if not_starting.is_some() => (
+            "False",
+            PODS_NOT_STARTING,
+            not_starting.clone().unwrap_or_default(),
+        ),
         Some(w) if w.rolling_out => (
             "True",
             "RollingOut",

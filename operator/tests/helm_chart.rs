@@ -1,8 +1,8 @@
 //! The operator's Helm chart (charts/streamapp-operator), checked with the real `helm` against
 //! the local control plane: it lints clean, carries the generated CRD, renders manifests the
-//! API server accepts (with defaults and with every optional feature), installs and runs, grants
-//! the operator enough to reconcile (the binary runs as the chart's ServiceAccount), and
-//! uninstalls without leftovers except the CRD, which is kept by design.
+//! API server accepts (with defaults and with every optional feature), installs and runs the
+//! operator as a pod on the test bed's real node (from the image built here), grants it enough
+//! to reconcile, and uninstalls without leftovers except the CRD, which is kept by design.
 //!
 //! ServiceMonitor, PodMonitor and PrometheusRule have no CRD on the local API server, and
 //! installing the prometheus-operator's CRDs into the shared test cluster for a dry run would
@@ -15,7 +15,6 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -27,9 +26,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use streamapp_api::crd::StreamApp;
 use support::*;
-use testbed::kube::{TestNamespace, kubectl, wait_for};
-
-const OPERATOR: &str = env!("CARGO_BIN_EXE_streamapp-operator");
+use testbed::helm::{helm, helm_ok};
+use testbed::kube::{TestNamespace, kubectl, kubectl_ok, wait_for};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -41,70 +39,6 @@ fn chart_dir() -> PathBuf {
 
 fn all_features_values() -> PathBuf {
     chart_dir().join("ci/all-features-values.yaml")
-}
-
-/// `$STREAMAPP_CACHE/tools/bin/helm` (where dev/install-kube.sh builds it), else `helm` on
-/// PATH. Panics with the install command when there is neither: these tests never skip.
-fn helm_program() -> PathBuf {
-    let cache = std::env::var_os("STREAMAPP_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is not set"))
-                .join(".cache/streamapp")
-        });
-    let cached = cache.join("tools/bin/helm");
-    if cached.is_file() {
-        return cached;
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join("helm"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "helm is not installed ({} is missing and there is none on PATH): \
-                 install it with `make setup` (or dev/install-kube.sh)",
-                cached.display()
-            )
-        })
-}
-
-/// Runs helm against the local control plane's admin kubeconfig.
-fn helm(args: &[&str]) -> Output {
-    let program = helm_program();
-    Command::new(&program)
-        .arg("--kubeconfig")
-        .arg(testbed::kube::kubeconfig_path())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("running {} ({e})", program.display()))
-}
-
-/// Runs helm and returns its standard output; panics with its error output when it fails.
-fn helm_ok(args: &[&str]) -> String {
-    let out = helm(args);
-    assert!(
-        out.status.success(),
-        "helm {} failed:\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn kubectl_ok(args: &[&str], stdin: Option<&str>) -> String {
-    let out = kubectl(args, stdin);
-    assert!(
-        out.status.success(),
-        "kubectl {} failed:\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The API server's version, so `helm template` renders for the cluster it is checked against
@@ -837,29 +771,49 @@ fn objects_labelled(selector: &str, namespace: Option<&str>) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn helm_install_runs_the_operator_pod_and_uninstall_leaves_only_the_crd() {
-    let client = testbed::kube::client().await;
-    let ns = TestNamespace::create(&client, "chart-install").await;
-    let release = testbed::unique_name("op");
+/// `--set` arguments that run the chart's operator from the image built here (the node has it;
+/// nothing is pulled).
+fn local_image_values() -> Vec<String> {
+    let image = testbed::node::app_image();
+    let (repository, tag) = image.rsplit_once(':').expect("the image has a tag");
+    vec![
+        "--set".into(),
+        format!("image.repository={repository}"),
+        "--set".into(),
+        format!("image.tag={tag}"),
+        "--set".into(),
+        "image.pullPolicy=Never".into(),
+    ]
+}
+
+/// `helm install` of the chart into `ns`, watching only `ns`, from the local image.
+fn install_release(release: &str, ns: &str, extra: &[&str]) {
     let chart = chart_dir();
-    // kwok runs no container, so any image will do; --wait returns once the pod is Ready.
-    helm_ok(&[
+    let watch = format!("watchNamespace={ns}");
+    let values = local_image_values();
+    let mut args = vec![
         "install",
-        &release,
+        release,
         chart.to_str().unwrap(),
         "--namespace",
-        &ns.name,
+        ns,
         "--set",
-        &format!("watchNamespace={}", ns.name),
-        "--set",
-        "image.repository=registry.example/streamapp",
-        "--set",
-        "image.tag=test",
-        "--wait",
-        "--timeout",
-        "120s",
-    ]);
+        &watch,
+    ];
+    args.extend(values.iter().map(String::as_str));
+    args.extend_from_slice(extra);
+    helm_ok(&args);
+}
+
+#[tokio::test]
+async fn helm_install_runs_the_operator_pod_on_the_node_and_uninstall_leaves_only_the_crd() {
+    let client = testbed::kube::client().await;
+    testbed::node::require_ready(&client).await;
+    let ns = TestNamespace::create(&client, "chart-install").await;
+    let release = testbed::unique_name("op");
+    // --wait returns once the pod is Ready: the kubelet ran the operator from the image and
+    // its readiness probe passed.
+    install_release(&release, &ns.name, &["--wait", "--timeout", "120s"]);
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let selector = format!("app.kubernetes.io/instance={release}");
@@ -871,14 +825,18 @@ async fn helm_install_runs_the_operator_pod_and_uninstall_leaves_only_the_crd() 
     assert_eq!(listed.len(), 1, "one operator pod");
     let pod = &listed[0];
     assert_eq!(
-        pod.spec.as_ref().unwrap().node_name.as_deref(),
-        Some("kwok-node-0"),
-        "the pod is scheduled"
+        pod.spec.as_ref().unwrap().node_name,
+        Some(testbed::node::name()),
+        "the pod runs on the real node"
     );
-    assert_eq!(
-        pod.status.as_ref().unwrap().phase.as_deref(),
-        Some("Running")
+    let status = pod.status.as_ref().unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+    let container = &status.container_statuses.as_ref().unwrap()[0];
+    assert!(
+        container.ready && container.state.as_ref().unwrap().running.is_some(),
+        "the operator container runs and is ready: {container:?}"
     );
+    assert_eq!(container.restart_count, 0, "{container:?}");
 
     // The API server's authorizer agrees with the chart's intent.
     let sa = format!(
@@ -972,102 +930,21 @@ async fn helm_install_runs_the_operator_pod_and_uninstall_leaves_only_the_crd() 
     ns.delete().await;
 }
 
-/// Kills the operator process when the test ends, whatever happens.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A kubeconfig for the local API server that authenticates with `token` instead of as admin.
-fn kubeconfig_with_token(token: &str) -> serde_yaml::Value {
-    let admin = std::fs::read_to_string(testbed::kube::kubeconfig_path())
-        .expect("reading the admin kubeconfig");
-    let admin: serde_yaml::Value = serde_yaml::from_str(&admin).unwrap();
-    let cluster = admin["clusters"][0].clone();
-    let cluster_name = cluster["name"].as_str().unwrap().to_string();
-    serde_yaml::from_str(&format!(
-        "apiVersion: v1\nkind: Config\nclusters: [{}]\n\
-         users: [{{name: operator, user: {{token: {token}}}}}]\n\
-         contexts: [{{name: operator, context: {{cluster: {cluster_name}, user: operator}}}}]\n\
-         current-context: operator\n",
-        serde_json::to_string(&cluster).unwrap()
-    ))
-    .unwrap()
-}
-
 #[tokio::test]
-async fn the_operator_reconciles_a_streamapp_with_only_the_charts_permissions() {
+async fn the_operator_pod_reconciles_a_streamapp_with_only_the_charts_permissions() {
     let client = testbed::kube::client().await;
+    testbed::node::require_ready(&client).await;
     install_crd(&client).await;
     let ns = TestNamespace::create(&client, "chart-rbac").await;
     let release = testbed::unique_name("op");
-    let chart = chart_dir();
-    // No in-cluster replica (kwok runs no container): the real binary runs on this machine
-    // instead, with the token of the chart's ServiceAccount, so every call it makes is
+    // The operator runs in its pod with the chart's ServiceAccount, so every call it makes is
     // authorised by the chart's RBAC alone.
-    helm_ok(&[
-        "install",
-        &release,
-        chart.to_str().unwrap(),
-        "--namespace",
-        &ns.name,
-        "--set",
-        &format!("watchNamespace={}", ns.name),
-        "--set",
-        "replicas=0",
-    ]);
-    let service_account = format!("{release}-streamapp-operator");
-    let token = kubectl_ok(
-        &[
-            "create",
-            "token",
-            &service_account,
-            "--namespace",
-            &ns.name,
-            "--duration",
-            "1h",
-        ],
-        None,
-    );
-    let dir = std::env::temp_dir().join(testbed::unique_name("chart-rbac"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        serde_yaml::to_string(&kubeconfig_with_token(token.trim())).unwrap(),
-    )
-    .unwrap();
-    let log_path = dir.join("operator.log");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let _operator = Child(
-        Command::new(OPERATOR)
-            .args([
-                "--metrics-port",
-                &port.to_string(),
-                "--namespace",
-                &ns.name,
-                "--lease-namespace",
-                &ns.name,
-                "--leader-election",
-                "true",
-            ])
-            .env("KUBECONFIG", &kubeconfig)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log_path).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    install_release(&release, &ns.name, &["--wait", "--timeout", "120s"]);
+    let deployment = format!("deployment/{release}-streamapp-operator");
+    let log = || {
+        let out = kubectl(&["logs", "--namespace", &ns.name, &deployment], None);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
 
     create(&client, &ns.name, streamapp_json("orders", 1)).await;
     // The log says what was refused when the status never comes.
@@ -1098,7 +975,7 @@ async fn the_operator_reconciles_a_streamapp_with_only_the_charts_permissions() 
         .get("orders-agent")
         .await
         .unwrap_or_else(|e| panic!("the agent Role exists ({e}); log:\n{}", log()));
-    // It won the Lease with the chart's leader-election Role.
+    // It won the Lease with the chart's leader-election Role: its holder is the operator pod.
     let lease = kubectl_ok(
         &[
             "get",
@@ -1111,15 +988,17 @@ async fn the_operator_reconciles_a_streamapp_with_only_the_charts_permissions() 
         ],
         None,
     );
-    assert!(!lease.is_empty(), "the Lease has a holder; log:\n{}", log());
+    assert!(
+        lease.starts_with(&format!("{release}-streamapp-operator-")),
+        "the Lease is held by the operator pod, not {lease:?}; log:\n{}",
+        log()
+    );
     let log = log();
     assert!(
         !log.to_lowercase().contains("forbidden"),
         "the operator was refused something:\n{log}"
     );
 
-    drop(_operator);
     helm_ok(&["uninstall", &release, "--namespace", &ns.name, "--wait"]);
-    let _ = std::fs::remove_dir_all(&dir);
     ns.delete().await;
 }

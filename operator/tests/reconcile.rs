@@ -1,14 +1,15 @@
-//! The operator against the real local API server: owned objects, status, kubectl's view,
-//! rollouts, scaling, storage growth, blocked rollouts and garbage collection. Each test has
-//! its own namespace and its own in-process operator watching only it; kwok plays the kubelet
-//! and the tests play the readiness prober (testbed::kube::set_pod_ready).
+//! The operator against the real local API server: owned objects, status, configuration
+//! changes, storage growth, blocked rollouts and garbage collection. Each test has its own
+//! namespace and its own in-process operator watching only it. The pods land on the test bed's
+//! fake node, where nothing runs them: what needs running pods (readiness, rollouts waiting
+//! for it, scaling, drains, crashes) is tested on the real node, in e2e/.
 
 mod support;
 
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -18,7 +19,7 @@ use kube::{Api, Client};
 use streamapp_api::config::ProcessorConfig;
 use streamapp_api::crd::StreamApp;
 use support::*;
-use testbed::kube::{kubectl, set_pod_ready, wait_for};
+use testbed::kube::{kubectl, wait_for};
 
 async fn statefulset(client: &Client, ns: &str, name: &str) -> StatefulSet {
     let api: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
@@ -193,186 +194,6 @@ async fn creating_a_streamapp_creates_every_owned_object_with_the_expected_field
 }
 
 #[tokio::test]
-async fn ready_pods_make_the_streamapp_ready_and_kubectl_get_shows_it() {
-    with_operator("ready", |client, ns| async move {
-        create(&client, &ns, streamapp_json("payments", 2)).await;
-        wait_for_running_pod(&client, &ns, "payments-0").await;
-        let status = wait_for_status(
-            &client,
-            &ns,
-            "payments",
-            "Progressing while no pod is ready",
-            |s| s.phase.as_deref() == Some("Progressing"),
-        )
-        .await;
-        assert_eq!(condition(&status, "Ready").unwrap().0, "False");
-        assert_eq!(status.state_health.as_deref(), Some("Unknown"));
-
-        make_pods_ready(&client, &ns, "payments", 2).await;
-        let status = wait_for_status(&client, &ns, "payments", "Running with 2/2 ready", |s| {
-            s.phase.as_deref() == Some("Running") && s.ready.as_deref() == Some("2/2")
-        })
-        .await;
-        assert_eq!(
-            condition(&status, "Ready").unwrap(),
-            ("True".into(), "AllPodsReady".into())
-        );
-        assert_eq!(
-            condition(&status, "Progressing").unwrap().1,
-            "RolloutComplete"
-        );
-        assert_eq!(condition(&status, "Degraded").unwrap().0, "False");
-        assert_eq!(status.ready_replicas, Some(2));
-
-        let out = kubectl(&["get", "streamapps", "-n", &ns], None);
-        let table = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let mut lines = table.lines();
-        let header: Vec<_> = lines.next().unwrap().split_whitespace().collect();
-        assert_eq!(
-            header,
-            [
-                "NAME",
-                "READY",
-                "PHASE",
-                "STATE",
-                "LAG",
-                "CHECKPOINT",
-                "AGE"
-            ],
-            "{table}"
-        );
-        let row: Vec<_> = lines.next().unwrap().split_whitespace().collect();
-        assert_eq!(
-            &row[..4],
-            ["payments", "2/2", "Running", "Unknown"],
-            "{table}"
-        );
-
-        // The short name and the wide columns work too.
-        let out = kubectl(&["get", "sapp", "payments", "-n", &ns, "-o", "wide"], None);
-        let wide = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            wide.contains("registry.example/streamapp:1.0") && wide.contains("AllPodsReady"),
-            "{wide}"
-        );
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn changing_the_image_replaces_the_highest_ordinal_first_and_waits_for_its_readiness() {
-    with_operator("rollout", |client, ns| async move {
-        create(&client, &ns, streamapp_json("dedup", 3)).await;
-        make_pods_ready(&client, &ns, "dedup", 3).await;
-        wait_for_status(&client, &ns, "dedup", "Running", |s| {
-            s.phase.as_deref() == Some("Running")
-        })
-        .await;
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        let uid = |p: &Pod| p.metadata.uid.clone().unwrap();
-        let image = |p: &Pod| {
-            p.spec.as_ref().unwrap().containers[0]
-                .image
-                .clone()
-                .unwrap()
-        };
-        let mut before = Vec::new();
-        for i in 0..3 {
-            before.push(uid(&pods.get(&format!("dedup-{i}")).await.unwrap()));
-        }
-
-        patch_spec(
-            &client,
-            &ns,
-            "dedup",
-            serde_json::json!({ "image": "registry.example/streamapp:1.1" }),
-        )
-        .await;
-        wait_for(
-            Duration::from_secs(30),
-            "the StatefulSet template to take the new image",
-            || async {
-                processor_image(&statefulset(&client, &ns, "dedup").await)
-                    == "registry.example/streamapp:1.1"
-            },
-        )
-        .await;
-
-        // Highest ordinal first.
-        let new2 =
-            wait_for_running_pod_with_image(&pods, "dedup-2", "registry.example/streamapp:1.1")
-                .await;
-        assert_ne!(uid(&new2), before[2]);
-        let status = wait_for_status(&client, &ns, "dedup", "Progressing (RollingOut)", |s| {
-            condition(s, "Progressing").is_some_and(|c| c.1 == "RollingOut")
-        })
-        .await;
-        assert_eq!(status.phase.as_deref(), Some("Progressing"));
-
-        // While dedup-2 is not ready (its stores are restoring), dedup-1 and dedup-0 are left alone.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        for i in [0, 1] {
-            let pod = pods.get(&format!("dedup-{i}")).await.unwrap();
-            assert_eq!(
-                uid(&pod),
-                before[i],
-                "dedup-{i} must wait for dedup-2 to be ready"
-            );
-            assert_eq!(image(&pod), "registry.example/streamapp:1.0");
-        }
-
-        set_pod_ready(&client, &ns, "dedup-2", true).await;
-        let new1 =
-            wait_for_running_pod_with_image(&pods, "dedup-1", "registry.example/streamapp:1.1")
-                .await;
-        assert_ne!(uid(&new1), before[1]);
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let pod0 = pods.get("dedup-0").await.unwrap();
-        assert_eq!(
-            uid(&pod0),
-            before[0],
-            "dedup-0 must wait for dedup-1 to be ready"
-        );
-
-        set_pod_ready(&client, &ns, "dedup-1", true).await;
-        wait_for_running_pod_with_image(&pods, "dedup-0", "registry.example/streamapp:1.1").await;
-        set_pod_ready(&client, &ns, "dedup-0", true).await;
-        let status = wait_for_status(&client, &ns, "dedup", "the rollout to complete", |s| {
-            s.phase.as_deref() == Some("Running")
-                && condition(s, "Progressing").is_some_and(|c| c.1 == "RolloutComplete")
-        })
-        .await;
-        assert_eq!(status.ready.as_deref(), Some("3/3"));
-        assert!(
-            event_reasons(&client, &ns)
-                .await
-                .contains(&"RollingOut".to_string())
-        );
-    })
-    .await;
-}
-
-async fn wait_for_running_pod_with_image(pods: &Api<Pod>, name: &str, image: &str) -> Pod {
-    eventually(
-        Duration::from_secs(60),
-        &format!("pod {name} Running with image {image}"),
-        || async {
-            pods.get_opt(name).await.ok().flatten().filter(|p| {
-                p.metadata.deletion_timestamp.is_none()
-                    && p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some(image)
-                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-            })
-        },
-    )
-    .await
-}
-
-#[tokio::test]
 async fn changing_rocksdb_tuning_changes_the_config_hash_and_rolls_the_pod_template() {
     with_operator("tuning", |client, ns| async move {
         create(&client, &ns, streamapp_json("clicks", 1)).await;
@@ -407,88 +228,6 @@ async fn changing_rocksdb_tuning_changes_the_config_hash_and_rolls_the_pod_templ
         let config: ProcessorConfig =
             serde_yaml::from_str(&cm.data.unwrap()["processor.yaml"]).unwrap();
         assert_eq!(config.rocksdb.block_cache_size.as_deref(), Some("64Mi"));
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn kubectl_scale_changes_the_replicas_through_the_scale_subresource() {
-    with_operator("scale", |client, ns| async move {
-        create(&client, &ns, streamapp_json("ledger", 1)).await;
-        wait_for_status(&client, &ns, "ledger", "the selector", |s| {
-            s.selector.is_some()
-        })
-        .await;
-
-        let out = kubectl(
-            &["scale", "streamapp", "ledger", "--replicas=3", "-n", &ns],
-            None,
-        );
-        assert!(
-            out.status.success(),
-            "kubectl scale: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        wait_for(
-            Duration::from_secs(30),
-            "the StatefulSet to have 3 replicas",
-            || async {
-                statefulset(&client, &ns, "ledger")
-                    .await
-                    .spec
-                    .unwrap()
-                    .replicas
-                    == Some(3)
-            },
-        )
-        .await;
-        let app = Api::<StreamApp>::namespaced(client.clone(), &ns)
-            .get("ledger")
-            .await
-            .unwrap();
-        assert_eq!(app.spec.replicas, 3);
-        make_pods_ready(&client, &ns, "ledger", 3).await;
-        wait_for_status(&client, &ns, "ledger", "3/3 ready", |s| {
-            s.ready.as_deref() == Some("3/3")
-        })
-        .await;
-
-        let out = kubectl(
-            &[
-                "get",
-                "streamapp",
-                "ledger",
-                "-n",
-                &ns,
-                "--subresource=scale",
-                "-o",
-                "jsonpath={.spec.replicas} {.status.replicas} {.status.selector}",
-            ],
-            None,
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout),
-            "3 3 streamapp.dev/app=ledger"
-        );
-
-        let out = kubectl(
-            &["scale", "streamapp", "ledger", "--replicas=0", "-n", &ns],
-            None,
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let status = wait_for_status(&client, &ns, "ledger", "Stopped with every pod gone", |s| {
-            s.phase.as_deref() == Some("Stopped") && s.replicas == Some(0)
-        })
-        .await;
-        assert_eq!(status.ready.as_deref(), Some("0/0"));
-        assert_eq!(
-            condition(&status, "Progressing").unwrap(),
-            ("False".into(), "ScaledToZero".into())
-        );
     })
     .await;
 }

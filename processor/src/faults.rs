@@ -5,7 +5,9 @@
 //! `STREAMAPP_FAULTS=fail-after-put=2,crash-after-put=1`. A record asks with the header
 //! `streamapp.fault: fail-after-put` (the downstream `enrich` stage fails, so the transaction
 //! aborts and is retried) or `streamapp.fault: crash-after-put` (the process aborts on the
-//! spot, like `kill -9` with the put staged). Production processors ignore the header.
+//! spot, like `kill -9` with the put staged) or `streamapp.fault: grow-memory-after-put` (the
+//! stage allocates memory until the kernel kills the process for exceeding its memory limit:
+//! how a real node reports an OOM kill). Production processors ignore the header.
 
 use std::collections::HashMap;
 
@@ -54,6 +56,15 @@ impl Faults {
             "crash-after-put" => {
                 tracing::warn!("fault injection: crashing after a store put");
                 std::process::abort();
+            }
+            "grow-memory-after-put" => {
+                tracing::warn!("fault injection: allocating memory until the OOM killer stops us");
+                let mut held: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    // Touched, so the pages are really in use.
+                    held.push(vec![1u8; 16 << 20]);
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
             }
             "fail-after-put" => {
                 tracing::warn!("fault injection: failing the enrich stage after a store put");

@@ -88,7 +88,9 @@ async fn drain(
             "drain is only allowed from the pod itself or with the drain token".to_string(),
         );
     }
-    let mut outcome = s.shared.request_drain();
+    let mut outcome = s
+        .shared
+        .request_drain(streamapp_api::health::DrainRequest::Http);
     let waited = tokio::time::timeout(s.drain_timeout, outcome.wait_for(Option::is_some)).await;
     match waited {
         Ok(Ok(o)) => match o.clone() {

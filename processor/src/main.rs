@@ -270,7 +270,7 @@ fn run(args: RunArgs) -> ExitCode {
             _ = tokio::signal::ctrl_c() => {}
         }
         info!("termination signal: draining");
-        signal_shared.request_drain();
+        signal_shared.request_drain(streamapp_api::health::DrainRequest::Signal);
     });
 
     let client = client_config(&config, &args);

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use streamapp_api::health::{ProcessorHealth, ProcessorPhase};
+use streamapp_api::health::{DrainRequest, ProcessorHealth, ProcessorPhase};
 use tokio::sync::watch;
 
 use crate::state_dir::StateDir;
@@ -82,9 +82,12 @@ impl Shared {
         self.update(true, |h| h.phase = phase);
     }
 
-    /// Asks the processing thread to drain; returns a receiver that sees the outcome.
-    pub fn request_drain(&self) -> watch::Receiver<Option<DrainOutcome>> {
-        self.drain_requested.store(true, Ordering::SeqCst);
+    /// Asks the processing thread to drain; returns a receiver that sees the outcome. The
+    /// first request is the one the health report names.
+    pub fn request_drain(&self, by: DrainRequest) -> watch::Receiver<Option<DrainOutcome>> {
+        if !self.drain_requested.swap(true, Ordering::SeqCst) {
+            self.update(true, |h| h.drain_requested_by = Some(by));
+        }
         self.drain_tx.subscribe()
     }
 

@@ -157,3 +157,69 @@ pub fn read_all(
     }
     count
 }
+
+/// The end offset (high watermark) of every partition of `topic`, in partition order.
+pub fn end_offsets(topic: &str) -> Vec<i64> {
+    let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("topic metadata");
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    (0..partitions)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("watermarks of {topic}/{p}: {e}"))
+                .1
+        })
+        .collect()
+}
+
+/// The offsets consumer group `group` committed on every partition of `topic` (None where it
+/// committed nothing), in partition order.
+pub fn committed_offsets(group: &str, topic: &str) -> Vec<Option<i64>> {
+    let consumer: BaseConsumer = client_config()
+        .set("group.id", group)
+        .create()
+        .expect("creating a consumer");
+    let partitions = end_offsets(topic).len() as i32;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("committed offsets of group {group}: {e}"));
+    (0..partitions)
+        .map(
+            |p| match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => Some(o),
+                _ => None,
+            },
+        )
+        .collect()
+}
+
+/// Waits until consumer group `group` has committed the end of every partition of `topic`:
+/// everything produced before the call has been processed and its results committed. For
+/// topics written without transactions (no markers at their end). Panics after `timeout`, with
+/// the offsets.
+pub fn wait_for_group_caught_up(group: &str, topic: &str, timeout: Duration) {
+    let ends = end_offsets(topic);
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let committed = committed_offsets(group, topic);
+        let done = committed
+            .iter()
+            .zip(&ends)
+            .all(|(c, end)| *end == 0 || c.is_some_and(|c| c >= *end));
+        if done {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "group {group} did not commit the end of {topic} in {timeout:?}: committed {committed:?}, ends {ends:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}

@@ -106,58 +106,6 @@ where
     }
 }
 
-/// Plays the kubelet's readiness prober for a pod: sets its Ready and ContainersReady
-/// conditions and its containers' `ready` flags. Panics on failure (for tests).
-pub async fn set_pod_ready(client: &Client, namespace: &str, pod: &str, ready: bool) {
-    try_set_pod_ready(client, namespace, pod, ready)
-        .await
-        .unwrap_or_else(|e| panic!("marking pod {namespace}/{pod} ready={ready}: {e}"));
-}
-
-/// [`set_pod_ready`] for long-running callers (the demo's local kubelet): errors are returned.
-pub async fn try_set_pod_ready(
-    client: &Client,
-    namespace: &str,
-    pod: &str,
-    ready: bool,
-) -> Result<(), kube::Error> {
-    use k8s_openapi::api::core::v1::Pod;
-    use kube::api::{Patch, PatchParams};
-
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let status = pods.get_status(pod).await?.status.unwrap_or_default();
-    let flag = if ready { "True" } else { "False" };
-    let now =
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
-    let mut conditions = status.conditions.unwrap_or_default();
-    for type_ in ["Ready", "ContainersReady"] {
-        match conditions.iter_mut().find(|c| c.type_ == type_) {
-            Some(c) if c.status == flag => {}
-            Some(c) => {
-                c.status = flag.into();
-                c.last_transition_time = Some(now.clone());
-                c.reason = (!ready).then(|| "ContainersNotReady".into());
-                c.message = None;
-            }
-            None => conditions.push(k8s_openapi::api::core::v1::PodCondition {
-                type_: type_.into(),
-                status: flag.into(),
-                last_transition_time: Some(now.clone()),
-                ..Default::default()
-            }),
-        }
-    }
-    let mut containers = status.container_statuses.unwrap_or_default();
-    for c in &mut containers {
-        c.ready = ready;
-    }
-    // Container statuses are an atomic list: the whole list is sent back.
-    let patch = serde_json::json!({ "status": { "conditions": conditions, "containerStatuses": containers } });
-    pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
-}
-
 /// Runs the real `kubectl` against the local control plane (admin kubeconfig), with `stdin`
 /// as its input. kubectl is taken from the dev scripts' cache (`$STREAMAPP_CACHE/kube-*/bin`),
 /// else from PATH.
@@ -204,4 +152,17 @@ pub fn kubectl(args: &[&str], stdin: Option<&str>) -> std::process::Output {
     }
     drop(input);
     child.wait_with_output().expect("waiting for kubectl")
+}
+
+/// Runs kubectl and returns its standard output; panics with its error output when it fails.
+pub fn kubectl_ok(args: &[&str], stdin: Option<&str>) -> String {
+    let out = kubectl(args, stdin);
+    assert!(
+        out.status.success(),
+        "kubectl {} failed:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -7,7 +7,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
@@ -130,6 +129,10 @@ impl Drop for Operator {
 }
 
 /// A valid StreamApp as a user writes it (JSON), with `replicas` pods.
+///
+/// These tests check what the operator writes, not what pods do: the pods are placed on the
+/// test bed's fake (kwok) node, where they are scheduled and reported Running but nothing runs
+/// and nothing is ever Ready. What needs running pods is tested on the real node (e2e/).
 pub fn streamapp_json(name: &str, replicas: i32) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "streamapp.dev/v1alpha1",
@@ -140,6 +143,10 @@ pub fn streamapp_json(name: &str, replicas: i32) -> serde_json::Value {
             "replicas": replicas,
             "kafka": { "bootstrapServers": "kafka.example:9092" },
             "topology": { "inputTopic": "orders", "outputTopic": "orders-unique", "deadLetterTopic": "orders-dlq" },
+            "pod": {
+                "nodeSelector": { "type": "kwok" },
+                "tolerations": [{ "key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule" }],
+            },
         },
     })
 }
@@ -221,32 +228,6 @@ where
             panic!("timed out after {timeout:?} waiting for {what}");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Waits for pod `name` to exist and be Running on the kwok node; returns it.
-pub async fn wait_for_running_pod(client: &Client, namespace: &str, name: &str) -> Pod {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    eventually(
-        Duration::from_secs(90),
-        &format!("pod {name} Running"),
-        || async {
-            pods.get_opt(name).await.ok().flatten().filter(|p| {
-                p.metadata.deletion_timestamp.is_none()
-                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-            })
-        },
-    )
-    .await
-}
-
-/// Brings up pods `<name>-0` .. `<name>-<n-1>` the way a kubelet would: each becomes Ready
-/// (the processor restored its stores) in order, as the StatefulSet creates them.
-pub async fn make_pods_ready(client: &Client, namespace: &str, name: &str, n: i32) {
-    for i in 0..n {
-        let pod = format!("{name}-{i}");
-        wait_for_running_pod(client, namespace, &pod).await;
-        testbed::kube::set_pod_ready(client, namespace, &pod, true).await;
     }
 }
 

@@ -1,10 +1,12 @@
 //! The test bed's storage: a dynamic provisioner for StorageClasses whose provisioner is
 //! `streamapp.dev/local-provisioner`.
 //!
-//! There is no kubelet or CSI driver on the test bed, so this plays their part the way
-//! external-provisioner and external-resizer would for a real driver:
-//! - a pending claim of such a class gets a hostPath PersistentVolume, pre-bound to it, whose
-//!   directory is `<volumes-dir>/<pv-name>` (the demo runs processors on these directories);
+//! There is no CSI driver on the test bed, so this plays its part the way external-provisioner
+//! and external-resizer would for a real driver (and the way local-path provisioners work):
+//! - a pending claim of such a class gets a PersistentVolume, pre-bound to it, whose directory is
+//!   `<volumes-dir>/<pv-name>`: with `volumeBindingMode: WaitForFirstConsumer` (the test bed's
+//!   class) a `local` volume on the node the scheduler picked for the claim's first pod (the
+//!   kubelet mounts it and applies the pod's fsGroup); with `Immediate` a hostPath volume;
 //! - a bound claim whose request grew has its volume and its status capacity raised;
 //! - a released volume with reclaim policy Delete is deleted, directory and all.
 
@@ -25,9 +27,11 @@ use streamapp_api::units::parse_quantity;
 use tracing::{info, warn};
 
 const PROVISIONER: &str = "streamapp.dev/local-provisioner";
+/// Set on a claim by the scheduler once it picked a node for the claim's first pod.
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 
 #[derive(Parser)]
-#[command(about = "Provisions hostPath PersistentVolumes for the local test bed")]
+#[command(about = "Provisions local PersistentVolumes for the local test bed")]
 struct Args {
     /// Kubeconfig of the local API server.
     #[arg(long, env = "KUBECONFIG")]
@@ -133,7 +137,7 @@ fn requested(claim: &PersistentVolumeClaim) -> Option<Quantity> {
 }
 
 async fn provision(
-    _client: &Client,
+    client: &Client,
     pvs: &Api<PersistentVolume>,
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
@@ -146,30 +150,64 @@ async fn provision(
         return Ok(()); // made in an earlier pass; the binder will catch up
     }
     let size = requested(claim).context("claim without a storage request")?;
+    let wait_for_consumer = class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
+    let node = claim.annotations().get(SELECTED_NODE).cloned();
+    if wait_for_consumer && node.is_none() {
+        return Ok(()); // the scheduler has not placed the claim's first pod yet
+    }
     let dir = args.volumes_dir.join(&name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let spec = claim.spec.clone().unwrap_or_default();
+    let source = match &node {
+        // A local volume is bound to its node: pods using it are scheduled there.
+        Some(node) => {
+            let hostname = hostname_of(client, node).await?;
+            json!({
+                "local": { "path": dir },
+                "nodeAffinity": { "required": { "nodeSelectorTerms": [{ "matchExpressions": [
+                    { "key": "kubernetes.io/hostname", "operator": "In", "values": [hostname] }
+                ] }] } },
+            })
+        }
+        None => json!({ "hostPath": { "path": dir, "type": "DirectoryOrCreate" } }),
+    };
+    let mut pv_spec = json!({
+        "capacity": { "storage": size },
+        "accessModes": spec.access_modes.unwrap_or_else(|| vec!["ReadWriteOnce".into()]),
+        "persistentVolumeReclaimPolicy": class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
+        "storageClassName": class.name_any(),
+        "volumeMode": spec.volume_mode.unwrap_or_else(|| "Filesystem".into()),
+        "claimRef": {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "namespace": ns, "name": claim.name_any(), "uid": uid,
+        },
+    });
+    for (k, v) in source.as_object().expect("an object") {
+        pv_spec[k] = v.clone();
+    }
     let pv: PersistentVolume = serde_json::from_value(json!({
         "metadata": {
             "name": name,
             "annotations": { "pv.kubernetes.io/provisioned-by": PROVISIONER },
         },
-        "spec": {
-            "capacity": { "storage": size },
-            "accessModes": spec.access_modes.unwrap_or_else(|| vec!["ReadWriteOnce".into()]),
-            "persistentVolumeReclaimPolicy": class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
-            "storageClassName": class.name_any(),
-            "volumeMode": spec.volume_mode.unwrap_or_else(|| "Filesystem".into()),
-            "hostPath": { "path": dir, "type": "DirectoryOrCreate" },
-            "claimRef": {
-                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                "namespace": ns, "name": claim.name_any(), "uid": uid,
-            },
-        },
+        "spec": pv_spec,
     }))?;
     pvs.create(&PostParams::default(), &pv).await?;
-    info!(namespace = %ns, claim = %claim.name_any(), pv = %name, size = %size.0, "provisioned volume");
+    info!(namespace = %ns, claim = %claim.name_any(), pv = %name, size = %size.0, node = ?node, "provisioned volume");
     Ok(())
+}
+
+/// The `kubernetes.io/hostname` label of a node, which local volumes' node affinity names.
+async fn hostname_of(client: &Client, node: &str) -> Result<String> {
+    let node_obj = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get(node)
+        .await
+        .with_context(|| format!("reading node {node}"))?;
+    Ok(node_obj
+        .labels()
+        .get("kubernetes.io/hostname")
+        .cloned()
+        .unwrap_or_else(|| node.to_string()))
 }
 
 /// Grows a bound volume to its claim's new request, as an online-expanding driver would.
