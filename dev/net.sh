@@ -8,6 +8,8 @@
 # answer on this machine's own loopback too (127.0.0.1:$APISERVER_PORT, 127.0.0.1:$KAFKA_PORT),
 # each connection forwarded into the namespace's loopback. Tests and benchmarks run inside the
 # namespace instead (`dev/net.sh exec CMD`), without the relay in their data path.
+# TESTBED_RELAYS=off leaves them out (a second test bed on the same machine, in a namespace of
+# its own, would collide with the first one's relays).
 #
 #   dev/net.sh start|stop|status
 #   dev/net.sh exec CMD...     runs CMD inside the namespace
@@ -38,6 +40,7 @@ create_namespace() {
 }
 
 start_relays() {
+  [[ ${TESTBED_RELAYS:-on} == off ]] && return
   command -v socat >/dev/null || die "socat is not installed (dev/install-system-packages.sh installs it)"
   for port in "${RELAYED_PORTS[@]}"; do
     local pidfile="$dir/relay-$port.pid"
