@@ -416,3 +416,43 @@ fn agents_entries_alone_never_cause_a_status_write() {
     current.pods = vec![report("orders-0", "Running", vec![])];
     assert!(!needs_update(&with_status(app(), current), &computed));
 }
+
+#[test]
+fn pods_that_cannot_start_say_why_in_every_condition_instead_of_progressing_forever() {
+    let findings = Findings {
+        pods: vec![crate::pod_health::PodProblem::NotStarting {
+            pod: "orders-2".into(),
+            container: "processor".into(),
+            reason: "ErrImageNeverPull".into(),
+            message: "Container image \"x\" is not present with pull policy of Never".into(),
+        }],
+        ..Default::default()
+    };
+    let status = status_of(&app(), Some(&steady(2)), &findings, now());
+    for type_ in ["Ready", "Progressing", "Degraded"] {
+        let c = cond(&status, type_);
+        assert_eq!(c.reason, PODS_NOT_STARTING, "{type_}: {c:?}");
+        assert!(c.message.contains("orders-2: container processor is ErrImageNeverPull"), "{c:?}");
+    }
+    assert_eq!(cond(&status, "Ready").status, "False");
+    assert_eq!(cond(&status, "Progressing").status, "False");
+    assert_eq!(cond(&status, "Degraded").status, "True");
+    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+}
+
+#[test]
+fn an_oom_killed_container_makes_the_streamapp_degraded_even_when_all_pods_are_ready() {
+    let findings = Findings {
+        pods: vec![crate::pod_health::PodProblem::OomKilled {
+            pod: "orders-0".into(),
+            container: "processor".into(),
+            restarts: 1,
+        }],
+        ..Default::default()
+    };
+    let status = status_of(&app(), Some(&steady(3)), &findings, now());
+    let degraded = cond(&status, "Degraded");
+    assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", OOM_KILLED));
+    assert!(degraded.message.contains("orders-0: container processor was OOMKilled"), "{degraded:?}");
+    assert_eq!(cond(&status, "Ready").status, "True", "the pods are ready again");
+}
