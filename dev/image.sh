@@ -10,7 +10,7 @@
 # node's containerd. Base and pause are built once per cache; the app image whenever asked (a
 # rebuild with unchanged binaries reuses podman's layer cache).
 #
-#   dev/image.sh build            all three; prints the app image's digest
+#   dev/image.sh build            all three; prints the app image's manifest digest
 #   dev/image.sh podman ARGS...   podman with the test bed's storage and runtime settings
 #
 # podman keeps its images in $STREAMAPP_CACHE/podman, not in the machine's own store, and runs
@@ -86,6 +86,8 @@ build_app() {
   tb_podman build --quiet --network host "${ULIMITS[@]}" --target prebuilt \
     --build-arg BASE_IMAGE="$BASE_IMAGE" -f "$REPO_DIR/Dockerfile" -t "$APP_IMAGE" "$ctx" >/dev/null ||
     die "podman build of $APP_IMAGE failed"
+  # Earlier builds of the tag are left untagged: remove them, they only fill the disk.
+  tb_podman image prune --force >/dev/null
   # The image must work as the chart and the operator run it: read-only, non-root, no network.
   for b in streamapp-operator streamapp-processor streamapp-agent; do
     tb_podman run --rm --read-only --network none "${ULIMITS[@]}" "$APP_IMAGE" "$b" --help >/dev/null ||
@@ -99,7 +101,10 @@ build_app() {
     mv "$IMAGES_DIR/app.oci.tar.tmp" "$IMAGES_DIR/app.oci.tar"
     echo "$id" >"$IMAGES_DIR/app.id"
   fi
-  log "$APP_IMAGE is sha256:$id ($(du -m "$IMAGES_DIR/app.oci.tar" | cut -f1) MiB OCI archive: $IMAGES_DIR/app.oci.tar)"
+  # The manifest digest the node's containerd knows the image by.
+  local digest
+  digest=$(tar -xOf "$IMAGES_DIR/app.oci.tar" index.json | sed -n 's/.*"digest":"\(sha256:[0-9a-f]*\)".*/\1/p')
+  log "$APP_IMAGE is $digest ($(du -m "$IMAGES_DIR/app.oci.tar" | cut -f1) MiB OCI archive: $IMAGES_DIR/app.oci.tar)"
 }
 
 build() {

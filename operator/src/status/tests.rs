@@ -432,7 +432,11 @@ fn pods_that_cannot_start_say_why_in_every_condition_instead_of_progressing_fore
     for type_ in ["Ready", "Progressing", "Degraded"] {
         let c = cond(&status, type_);
         assert_eq!(c.reason, PODS_NOT_STARTING, "{type_}: {c:?}");
-        assert!(c.message.contains("orders-2: container processor is ErrImageNeverPull"), "{c:?}");
+        assert!(
+            c.message
+                .contains("orders-2: container processor is ErrImageNeverPull"),
+            "{c:?}"
+        );
     }
     assert_eq!(cond(&status, "Ready").status, "False");
     assert_eq!(cond(&status, "Progressing").status, "False");
@@ -452,7 +456,19 @@ fn an_oom_killed_container_makes_the_streamapp_degraded_even_when_all_pods_are_r
     };
     let status = status_of(&app(), Some(&steady(3)), &findings, now());
     let degraded = cond(&status, "Degraded");
-    assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", OOM_KILLED));
-    assert!(degraded.message.contains("orders-0: container processor was OOMKilled"), "{degraded:?}");
-    assert_eq!(cond(&status, "Ready").status, "True", "the pods are ready again");
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", OOM_KILLED)
+    );
+    assert!(
+        degraded
+            .message
+            .contains("orders-0: container processor was OOMKilled"),
+        "{degraded:?}"
+    );
+    assert_eq!(
+        cond(&status, "Ready").status,
+        "True",
+        "the pods are ready again"
+    );
 }
