@@ -1,5 +1,6 @@
 //! What StreamApp's programs must agree on.
 //!
+//! - [`annotations`]: the annotations that operate a StreamApp (pause, restart, reset).
 //! - [`crd`]: the `StreamApp` custom resource (spec written by users, status written by the
 //!   operator and, per pod, by the agents).
 //! - [`config`]: the processor's configuration file, which the operator renders into a
@@ -9,6 +10,7 @@
 //! - [`probe`]: the processor's local HTTP endpoints and a tiny client for them.
 //! - [`units`]: the duration and quantity notations these use.
 
+pub mod annotations;
 pub mod config;
 pub mod crd;
 pub mod health;

@@ -23,7 +23,7 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use streamapp_api::crd::StreamApp;
+use streamapp_api::crd::{StreamApp, StreamAppStatus};
 use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
@@ -130,6 +130,23 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action>
         source,
     })?;
     let blocker = preflight(&app, &rendered.config).err();
+    let paused = streamapp_api::annotations::is_true(app.annotations(), streamapp_api::annotations::PAUSED);
+    if paused {
+        // Only observe and report: nothing the spec asks for is applied.
+        let live = Api::<StatefulSet>::namespaced(client.clone(), &ns)
+            .get_opt(&name)
+            .await
+            .map_err(Error::kube(format!("reading StatefulSet {id}")))?;
+        let findings = Findings {
+            blocker,
+            desired_config_hash: Some(rendered.hash.clone()),
+            pods: pod_problems(&list_pods(client, &app).await?, Timestamp::now()),
+            paused: true,
+            ..Default::default()
+        };
+        write_status(&ctx, &app, compute_status(&app, live.as_ref(), &findings, Timestamp::now())).await?;
+        return Ok(Action::requeue(REQUEUE));
+    }
 
     apply(client, &ns, &rbac::desired_service_account(&app)).await?;
     apply(client, &ns, &rbac::desired_role(&app)).await?;
@@ -173,45 +190,66 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action>
         }
     };
 
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns)
-        .list(&ListParams::default().labels(&owned::selector_string(&app)))
-        .await
-        .map_err(Error::kube(format!("listing the pods of {id}")))?
-        .items;
     let now = Timestamp::now();
     let findings = Findings {
         blocker,
         storage: storage.finding(),
         desired_config_hash: Some(rendered.hash.clone()),
-        pods: pod_problems(&pods, now),
+        pods: pod_problems(&list_pods(client, &app).await?, now),
+        paused: false,
     };
     let status = compute_status(&app, sts.as_ref(), &findings, now);
-    notices.extend(status_changes(app.status.as_ref(), &status));
-    if needs_update(&app, &status) {
-        let patch = serde_json::json!({
-            "apiVersion": StreamApp::api_version(&()),
-            "kind": StreamApp::kind(&()),
-            "status": status,
-        });
-        Api::<StreamApp>::namespaced(client.clone(), &ns)
-            .patch_status(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-            .map_err(Error::kube(format!(
-                "applying the status of StreamApp {id}"
-            )))?;
-    }
     for notice in notices {
         publish(&ctx, &app, notice).await;
     }
+    write_status(&ctx, &app, status).await?;
 
     Ok(match findings.storage {
         StorageFinding::Resizing(_) => Action::requeue(REQUEUE_WHILE_RESIZING),
         _ => Action::requeue(REQUEUE),
     })
+}
+
+/// The StreamApp's pods.
+async fn list_pods(client: &Client, app: &StreamApp) -> Result<Vec<Pod>> {
+    let ns = app.namespace().unwrap_or_default();
+    Ok(Api::<Pod>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default().labels(&owned::selector_string(app)))
+        .await
+        .map_err(Error::kube(format!(
+            "listing the pods of {ns}/{}",
+            app.name_any()
+        )))?
+        .items)
+}
+
+/// Applies the aggregate status (without `pods`, which the agents own) when it changed, and
+/// publishes the events its changes are worth.
+async fn write_status(ctx: &Context, app: &StreamApp, status: StreamAppStatus) -> Result<()> {
+    for notice in status_changes(app.status.as_ref(), &status) {
+        publish(ctx, app, notice).await;
+    }
+    if !needs_update(app, &status) {
+        return Ok(());
+    }
+    let ns = app.namespace().unwrap_or_default();
+    let name = app.name_any();
+    let patch = serde_json::json!({
+        "apiVersion": StreamApp::api_version(&()),
+        "kind": StreamApp::kind(&()),
+        "status": status,
+    });
+    Api::<StreamApp>::namespaced(ctx.client.clone(), &ns)
+        .patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "applying the status of StreamApp {ns}/{name}"
+        )))?;
+    Ok(())
 }
 
 /// Expands the claims that are smaller than the spec (see [`crate::storage`]).

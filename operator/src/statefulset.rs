@@ -58,6 +58,13 @@ pub fn desired_statefulset(app: &StreamApp, config_hash: &str) -> StatefulSet {
     pod_labels.extend(owned::labels(app));
     let mut pod_annotations = pod.annotations.clone();
     pod_annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
+    // A restart request is a new pod template: the StatefulSet replaces the pods one by one.
+    if let Some(restart) = app.annotations().get(streamapp_api::annotations::RESTART) {
+        pod_annotations.insert(
+            streamapp_api::annotations::RESTART.to_string(),
+            restart.clone(),
+        );
+    }
 
     let mut volumes = vec![Volume {
         name: "config".into(),

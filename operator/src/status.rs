@@ -23,6 +23,7 @@ pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const STATE_HEALTHY: &str = "StateHealthy";
 pub const DEGRADED: &str = "Degraded";
+pub const RECONCILIATION_PAUSED: &str = "ReconciliationPaused";
 
 pub const PHASE_PENDING: &str = "Pending";
 pub const PHASE_PROGRESSING: &str = "Progressing";
@@ -55,6 +56,8 @@ pub struct Findings {
     pub desired_config_hash: Option<String>,
     /// What the kubelet reports about the pods (see [`crate::pod_health`]).
     pub pods: Vec<PodProblem>,
+    /// The `streamapp.dev/paused` annotation is set: nothing was applied.
+    pub paused: bool,
 }
 
 /// Counts of the StatefulSet that the status is made of.
@@ -303,6 +306,30 @@ pub fn compute_status(
             generation,
             now,
         ),
+        if findings.paused {
+            condition(
+                &previous,
+                RECONCILIATION_PAUSED,
+                "True",
+                "Paused",
+                format!(
+                    "the annotation {} is \"true\": spec changes, scaling and restarts wait until it is removed",
+                    streamapp_api::annotations::PAUSED
+                ),
+                generation,
+                now,
+            )
+        } else {
+            condition(
+                &previous,
+                RECONCILIATION_PAUSED,
+                "False",
+                "Reconciling",
+                String::new(),
+                generation,
+                now,
+            )
+        },
     ];
 
     let tasks = || reports.iter().flat_map(|p| p.tasks.iter());
