@@ -5,7 +5,12 @@
 //! not exist, when its holder released it, or when its record has not changed for a whole lease
 //! duration as measured on the candidate's own clock (so clock skew between nodes does not
 //! matter). Writes use the lease's resourceVersion, so two candidates never both win. The
-//! leader renews periodically and steps down when it cannot renew within the deadline.
+//! leader renews periodically and steps down when it cannot renew within the deadline, even
+//! while a request hangs (see [`Elector::hold`]).
+//!
+//! Hand-written rather than a crate: the maintained lease crates (kube-lease-manager,
+//! kube-leader-election) pin older kube and k8s-openapi releases than this workspace's, and the
+//! second one compares wall-clock timestamps across nodes, which is what this algorithm avoids.
 
 use std::time::Duration;
 
@@ -100,13 +105,19 @@ impl Elector {
     pub async fn acquire(&mut self) {
         info!(lease = %self.lease(), identity = %self.settings.identity, "waiting to become leader");
         loop {
-            match self.try_acquire_or_renew().await {
-                Ok(true) => {
+            // A hung request must not stall the candidate: the next round tries again.
+            let attempt =
+                tokio::time::timeout(self.settings.renew_deadline, self.try_acquire_or_renew());
+            match attempt.await {
+                Ok(Ok(true)) => {
                     info!(lease = %self.lease(), identity = %self.settings.identity, "became leader");
                     return;
                 }
-                Ok(false) => debug!(lease = %self.lease(), "lease held by another instance"),
-                Err(e) => warn!(lease = %self.lease(), error = %e, "could not acquire the lease"),
+                Ok(Ok(false)) => debug!(lease = %self.lease(), "lease held by another instance"),
+                Ok(Err(e)) => {
+                    warn!(lease = %self.lease(), error = %e, "could not acquire the lease")
+                }
+                Err(_) => warn!(lease = %self.lease(), "acquiring the lease timed out"),
             }
             tokio::time::sleep(self.settings.retry_interval).await;
         }
@@ -114,25 +125,45 @@ impl Elector {
 
     /// Renews the lease until that fails; returns why leadership was lost. The caller must stop
     /// leading at once.
+    ///
+    /// Leadership ends at the renew deadline, counted from when the last successful renewal was
+    /// *sent*, whatever a request is doing meanwhile: each attempt only gets the time that is
+    /// left, so a hung request cannot keep this instance leading after another could take the
+    /// lease (which it can only once the lease duration, longer than the deadline, has passed
+    /// since it saw the last renewal).
     pub async fn hold(&mut self) -> Error {
         let mut renewed = Instant::now();
         loop {
             tokio::time::sleep(self.settings.renew_interval).await;
-            match self.try_acquire_or_renew().await {
-                Ok(true) => renewed = Instant::now(),
-                Ok(false) => {
+            let left = self
+                .settings
+                .renew_deadline
+                .saturating_sub(renewed.elapsed());
+            let sent = Instant::now();
+            match tokio::time::timeout(left, self.try_acquire_or_renew()).await {
+                Ok(Ok(true)) => renewed = sent,
+                Ok(Ok(false)) => {
                     return Error::LeadershipLost {
                         lease: self.lease(),
                         why: "another instance holds it".into(),
                     };
                 }
-                Err(e) if renewed.elapsed() >= self.settings.renew_deadline => {
+                Err(_) => {
+                    return Error::LeadershipLost {
+                        lease: self.lease(),
+                        why: format!(
+                            "not renewed within the renew deadline of {:?}: the API server did not answer in time",
+                            self.settings.renew_deadline
+                        ),
+                    };
+                }
+                Ok(Err(e)) if renewed.elapsed() >= self.settings.renew_deadline => {
                     return Error::LeadershipLost {
                         lease: self.lease(),
                         why: format!("not renewed for {:?}: {e}", renewed.elapsed()),
                     };
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     warn!(lease = %self.lease(), error = %e, "renewing the lease failed; retrying")
                 }
             }

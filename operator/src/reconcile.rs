@@ -130,7 +130,8 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action>
         source,
     })?;
     let blocker = preflight(&app, &rendered.config).err();
-    let paused = streamapp_api::annotations::is_true(app.annotations(), streamapp_api::annotations::PAUSED);
+    let paused =
+        streamapp_api::annotations::is_true(app.annotations(), streamapp_api::annotations::PAUSED);
     if paused {
         // Only observe and report: nothing the spec asks for is applied.
         let live = Api::<StatefulSet>::namespaced(client.clone(), &ns)
@@ -144,7 +145,12 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action>
             paused: true,
             ..Default::default()
         };
-        write_status(&ctx, &app, compute_status(&app, live.as_ref(), &findings, Timestamp::now())).await?;
+        write_status(
+            &ctx,
+            &app,
+            compute_status(&app, live.as_ref(), &findings, Timestamp::now()),
+        )
+        .await?;
         return Ok(Action::requeue(REQUEUE));
     }
 

@@ -483,35 +483,67 @@ async fn deleting_the_streamapp_garbage_collects_its_objects() {
 }
 
 #[tokio::test]
-async fn a_paused_streamapp_applies_no_spec_change_until_unpaused_and_a_restart_rolls_the_template() {
+async fn a_paused_streamapp_applies_no_spec_change_until_unpaused_and_a_restart_rolls_the_template()
+{
     with_operator("pause", |client, ns| async move {
         create(&client, &ns, streamapp_json("ledger", 1)).await;
         statefulset(&client, &ns, "ledger").await;
         let annotate = |kv: &str| {
-            let out = kubectl(&["annotate", "--overwrite", "-n", &ns, "streamapp/ledger", kv], None);
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let out = kubectl(
+                &["annotate", "--overwrite", "-n", &ns, "streamapp/ledger", kv],
+                None,
+            );
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         };
         annotate("streamapp.dev/paused=true");
-        let generation = patch_spec(&client, &ns, "ledger", serde_json::json!({ "image": "registry.example/streamapp:2.0" }))
-            .await
-            .metadata
-            .generation;
+        let generation = patch_spec(
+            &client,
+            &ns,
+            "ledger",
+            serde_json::json!({ "image": "registry.example/streamapp:2.0" }),
+        )
+        .await
+        .metadata
+        .generation;
         // The operator saw the new generation (it reports it) and left the StatefulSet alone.
-        let status = wait_for_status(&client, &ns, "ledger", "the paused status of the new generation", |s| {
-            s.observed_generation == generation
-                && condition(s, "ReconciliationPaused").is_some_and(|c| c == ("True".into(), "Paused".into()))
-        })
+        let status = wait_for_status(
+            &client,
+            &ns,
+            "ledger",
+            "the paused status of the new generation",
+            |s| {
+                s.observed_generation == generation
+                    && condition(s, "ReconciliationPaused")
+                        .is_some_and(|c| c == ("True".into(), "Paused".into()))
+            },
+        )
         .await;
         assert!(
-            status.conditions.iter().any(|c| c.type_ == "ReconciliationPaused" && c.message.contains("streamapp.dev/paused")),
+            status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "ReconciliationPaused"
+                    && c.message.contains("streamapp.dev/paused")),
             "{status:?}"
         );
-        assert_eq!(processor_image(&statefulset(&client, &ns, "ledger").await), "registry.example/streamapp:1.0");
+        assert_eq!(
+            processor_image(&statefulset(&client, &ns, "ledger").await),
+            "registry.example/streamapp:1.0"
+        );
 
         annotate("streamapp.dev/paused-");
-        wait_for(Duration::from_secs(30), "the new image once unpaused", || async {
-            processor_image(&statefulset(&client, &ns, "ledger").await) == "registry.example/streamapp:2.0"
-        })
+        wait_for(
+            Duration::from_secs(30),
+            "the new image once unpaused",
+            || async {
+                processor_image(&statefulset(&client, &ns, "ledger").await)
+                    == "registry.example/streamapp:2.0"
+            },
+        )
         .await;
         wait_for_status(&client, &ns, "ledger", "ReconciliationPaused False", |s| {
             condition(s, "ReconciliationPaused").is_some_and(|c| c.0 == "False")
@@ -519,11 +551,23 @@ async fn a_paused_streamapp_applies_no_spec_change_until_unpaused_and_a_restart_
         .await;
 
         annotate("streamapp.dev/restart=2026-12-01T10:00:00Z");
-        wait_for(Duration::from_secs(30), "the restart request in the pod template", || async {
-            let sts = statefulset(&client, &ns, "ledger").await;
-            sts.spec.unwrap().template.metadata.unwrap().annotations.unwrap().get("streamapp.dev/restart").map(String::as_str)
-                == Some("2026-12-01T10:00:00Z")
-        })
+        wait_for(
+            Duration::from_secs(30),
+            "the restart request in the pod template",
+            || async {
+                let sts = statefulset(&client, &ns, "ledger").await;
+                sts.spec
+                    .unwrap()
+                    .template
+                    .metadata
+                    .unwrap()
+                    .annotations
+                    .unwrap()
+                    .get("streamapp.dev/restart")
+                    .map(String::as_str)
+                    == Some("2026-12-01T10:00:00Z")
+            },
+        )
         .await;
     })
     .await;
