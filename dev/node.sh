@@ -248,7 +248,8 @@ node_ready() {
 start() {
   check_machine
   if pid_alive "$dir/kubelet.pid"; then
-    log "node already running (kubelet pid $(cat "$dir/kubelet.pid"))"
+    log "node already running (kubelet pid $(cat "$dir/kubelet.pid")): refreshing its images"
+    import_images
     return
   fi
   write_configs

@@ -180,18 +180,18 @@ mod tests {
 
     #[test]
     fn first_apply_is_created() {
-        let notices = workload_changes(None, &desired_statefulset(&app(), "h1"));
+        let notices = workload_changes(None, &desired_statefulset(&app(), "h1", None));
         assert_eq!(notices.len(), 1);
         assert_eq!(notices[0].reason, "Created");
     }
 
     #[test]
     fn a_new_image_and_replica_count_are_rolling_out_and_scaled() {
-        let live = desired_statefulset(&app(), "h1");
+        let live = desired_statefulset(&app(), "h1", None);
         let mut changed = app();
         changed.spec.image = "registry.example/streamapp:1.1".into();
         changed.spec.replicas = 5;
-        let notices = workload_changes(Some(&live), &desired_statefulset(&changed, "h1"));
+        let notices = workload_changes(Some(&live), &desired_statefulset(&changed, "h1", None));
         let reasons: Vec<_> = notices.iter().map(|n| n.reason).collect();
         assert_eq!(reasons, ["Scaled", "RollingOut"]);
         assert_eq!(notices[0].note, "scaled from 3 to 5 replicas");
@@ -206,8 +206,8 @@ mod tests {
 
     #[test]
     fn an_unchanged_workload_says_nothing() {
-        let live = desired_statefulset(&app(), "h1");
-        assert!(workload_changes(Some(&live), &desired_statefulset(&app(), "h1")).is_empty());
+        let live = desired_statefulset(&app(), "h1", None);
+        assert!(workload_changes(Some(&live), &desired_statefulset(&app(), "h1", None)).is_empty());
     }
 
     #[test]

@@ -29,8 +29,26 @@ pub fn workload_name(app: &StreamApp) -> String {
     app.name_any()
 }
 
-/// Name of the ConfigMap holding `processor.yaml`.
-pub fn config_map_name(app: &StreamApp) -> String {
+/// Label of the processor configuration ConfigMaps (value [`PROCESSOR_CONFIG`]), which the
+/// operator garbage-collects once no pod uses them.
+pub const COMPONENT_LABEL: &str = "streamapp.dev/component";
+pub const PROCESSOR_CONFIG: &str = "processor-config";
+
+/// Name of the ConfigMap holding the configuration with hash `config_hash`:
+/// `<name>-config-<first 10 hex digits>`. Content-named and immutable: a new configuration is a
+/// new ConfigMap, so pods that have not rolled yet keep reading the one they started with, and
+/// going back to an earlier spec is going back to its ConfigMap.
+pub fn config_map_name(app: &StreamApp, config_hash: &str) -> String {
+    format!(
+        "{}-config-{}",
+        app.name_any(),
+        &config_hash[..config_hash.len().min(10)]
+    )
+}
+
+/// The one mutable ConfigMap earlier operator versions wrote (`<name>-config`); deleted once no
+/// pod uses it.
+pub fn legacy_config_map_name(app: &StreamApp) -> String {
     format!("{}-config", app.name_any())
 }
 

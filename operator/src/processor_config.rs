@@ -74,16 +74,37 @@ pub fn render(app: &StreamApp) -> Result<RenderedConfig, serde_yaml::Error> {
     Ok(RenderedConfig { config, yaml, hash })
 }
 
-/// The ConfigMap `<name>-config` with `processor.yaml`.
+/// The immutable ConfigMap `<name>-config-<hash>` with `processor.yaml`.
 pub fn desired_config_map(app: &StreamApp, rendered: &RenderedConfig) -> ConfigMap {
+    let mut metadata = owned::metadata(app, owned::config_map_name(app, &rendered.hash));
+    metadata.labels.get_or_insert_with(BTreeMap::new).insert(
+        owned::COMPONENT_LABEL.to_string(),
+        owned::PROCESSOR_CONFIG.to_string(),
+    );
     ConfigMap {
-        metadata: owned::metadata(app, owned::config_map_name(app)),
+        metadata,
         data: Some(BTreeMap::from([(
             CONFIG_FILE.to_string(),
             rendered.yaml.clone(),
         )])),
+        immutable: Some(true),
         ..ConfigMap::default()
     }
+}
+
+/// The processor configuration ConfigMaps to delete: every one of the StreamApp's that is
+/// neither the current one nor used by a pod (a pod of an older revision keeps reading its own
+/// until it is replaced).
+pub fn stale_config_maps(
+    existing: &[String],
+    current: &str,
+    used_by_pods: &[String],
+) -> Vec<String> {
+    existing
+        .iter()
+        .filter(|name| name.as_str() != current && !used_by_pods.contains(name))
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -96,7 +117,15 @@ mod tests {
         let app = app();
         let rendered = render(&app).unwrap();
         let cm = desired_config_map(&app, &rendered);
-        assert_eq!(cm.metadata.name.as_deref(), Some("orders-config"));
+        assert_eq!(
+            cm.metadata.name,
+            Some(format!("orders-config-{}", &rendered.hash[..10]))
+        );
+        assert_eq!(cm.immutable, Some(true));
+        assert_eq!(
+            cm.metadata.labels.as_ref().unwrap()["streamapp.dev/component"],
+            "processor-config"
+        );
         let yaml = &cm.data.unwrap()[CONFIG_FILE];
         let parsed: ProcessorConfig = serde_yaml::from_str(yaml).unwrap();
         assert_eq!(parsed, processor_config(&app));
@@ -105,6 +134,13 @@ mod tests {
         assert_eq!(parsed.wal_dir, None);
         assert_eq!(parsed.topology.input_topic, "orders");
         parsed.validate().unwrap();
+    }
+
+    #[test]
+    fn a_config_map_is_kept_while_it_is_current_or_a_pod_uses_it() {
+        let existing = ["a-config-1", "a-config-2", "a-config-3", "a-config"].map(String::from);
+        let stale = stale_config_maps(&existing, "a-config-3", &["a-config-2".into()]);
+        assert_eq!(stale, ["a-config-1", "a-config"]);
     }
 
     #[test]

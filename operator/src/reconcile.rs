@@ -10,16 +10,18 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -31,21 +33,26 @@ use crate::events::{Notice, status_changes, workload_changes};
 use crate::metrics::Metrics;
 use crate::owned::{self, FIELD_MANAGER};
 use crate::pod_health::pod_problems;
-use crate::preflight::preflight;
+use crate::preflight::{Blocker, INVALID_CONFIG, preflight};
 use crate::status::{Findings, compute_status, needs_update};
-use crate::storage::{StorageFinding, StoragePlan, plan_storage};
-use crate::{disruption_budget, processor_config, rbac, service, statefulset};
+use crate::storage::{StoragePlan, plan_storage};
+use crate::{disruption_budget, processor_config, rbac, secrets, service, statefulset};
 
 /// Requeue after a successful reconcile: a safety net, watches trigger the real work.
 pub const REQUEUE: Duration = Duration::from_secs(5 * 60);
-/// Requeue while volumes grow (claims are not watched).
-pub const REQUEUE_WHILE_RESIZING: Duration = Duration::from_secs(5);
+/// Changes that arrive within this of each other are reconciled once.
+pub const DEBOUNCE: Duration = Duration::from_millis(500);
+/// First retry after a failed reconcile; it doubles with each failure up to [`RETRY_MAX`].
+pub const RETRY_FIRST: Duration = Duration::from_secs(5);
+pub const RETRY_MAX: Duration = Duration::from_secs(5 * 60);
 
 /// What a reconcile needs.
 pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    /// Failed reconciles in a row, per StreamApp (for the back-off).
+    failures: std::sync::Mutex<BTreeMap<(String, String), u32>>,
 }
 
 impl Context {
@@ -58,7 +65,24 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             metrics,
+            failures: Default::default(),
         }
+    }
+
+    fn key(app: &StreamApp) -> (String, String) {
+        (app.namespace().unwrap_or_default(), app.name_any())
+    }
+
+    /// Counts a failure; returns the failures in a row.
+    fn failed(&self, app: &StreamApp) -> u32 {
+        let mut failures = self.failures.lock().unwrap();
+        let n = failures.entry(Self::key(app)).or_default();
+        *n += 1;
+        *n
+    }
+
+    fn succeeded(&self, app: &StreamApp) {
+        self.failures.lock().unwrap().remove(&Self::key(app));
     }
 }
 
@@ -78,24 +102,67 @@ pub async fn run_controller(ctx: Arc<Context>, namespace: Option<String>) {
         }
     }
     let ns = namespace.as_deref();
-    // Owned objects are watched only when they carry our label: the operator does not cache
-    // every ConfigMap or Role of the cluster.
+    // Owned objects are watched only when they carry our label (the operator does not cache
+    // every ConfigMap or Role of the cluster), and only their metadata: a reconcile reads
+    // what it needs itself, so the watches only say when to run.
     let owned = || watcher::Config::default().labels(&owned::managed_by_selector());
-    Controller::new(api::<StreamApp>(&client, ns), watcher::Config::default())
-        .owns(api::<StatefulSet>(&client, ns), owned())
-        .owns(api::<Service>(&client, ns), owned())
-        .owns(api::<ConfigMap>(&client, ns), owned())
-        .owns(api::<PodDisruptionBudget>(&client, ns), owned())
-        .owns(api::<ServiceAccount>(&client, ns), owned())
-        .owns(api::<Role>(&client, ns), owned())
-        .owns(api::<RoleBinding>(&client, ns), owned())
-        // Pods belong to the StatefulSet, not to the StreamApp: mapped by their app label, so
-        // a pod that cannot start (which changes no StatefulSet count) is seen too.
-        .watches(api::<Pod>(&client, ns), owned(), |pod: Pod| {
-            let app = pod.labels().get(owned::APP_LABEL)?.clone();
-            Some(ObjectRef::<StreamApp>::new(&app).within(&pod.namespace()?))
-        })
-        .with_config(ControllerConfig::default().concurrency(16))
+    fn meta<K>(
+        client: &Client,
+        namespace: Option<&str>,
+        config: watcher::Config,
+    ) -> impl futures::Stream<Item = std::result::Result<PartialObjectMeta<K>, watcher::Error>>
+    + Send
+    + 'static
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        // An Api of PartialObjectMeta makes metadata-only requests.
+        watcher(api::<PartialObjectMeta<K>>(client, namespace), config).touched_objects()
+    }
+    let controller = Controller::new(api::<StreamApp>(&client, ns), watcher::Config::default());
+    let apps = controller.store();
+    controller
+        .owns_stream(meta::<StatefulSet>(&client, ns, owned()))
+        .owns_stream(meta::<Service>(&client, ns, owned()))
+        .owns_stream(meta::<ConfigMap>(&client, ns, owned()))
+        .owns_stream(meta::<PodDisruptionBudget>(&client, ns, owned()))
+        .owns_stream(meta::<ServiceAccount>(&client, ns, owned()))
+        .owns_stream(meta::<Role>(&client, ns, owned()))
+        .owns_stream(meta::<RoleBinding>(&client, ns, owned()))
+        // Pods and claims belong to the StatefulSet, not to the StreamApp: mapped by their app
+        // label, so a pod that cannot start (which changes no StatefulSet count) and a volume
+        // that finished growing are seen too.
+        .watches_stream(meta::<Pod>(&client, ns, owned()), by_app_label)
+        .watches_stream(
+            meta::<PersistentVolumeClaim>(&client, ns, owned()),
+            by_app_label,
+        )
+        // Secrets are not ours: every StreamApp that reads a changed one is reconciled (its
+        // pods roll, see `secrets`).
+        .watches_stream(
+            meta::<Secret>(&client, ns, watcher::Config::default()),
+            move |secret: PartialObjectMeta<Secret>| {
+                let (name, ns) = (secret.name_any(), secret.namespace());
+                apps.state()
+                    .into_iter()
+                    .filter(|app| app.namespace() == ns && secrets::referenced(app).contains(&name))
+                    .map(|app| ObjectRef::from_obj(&*app))
+                    .collect::<Vec<_>>()
+            },
+        )
+        // A burst of changes (an agent's report, a pod's status, the StatefulSet's) is one
+        // reconcile, not one each.
+        .with_config(
+            ControllerConfig::default()
+                .concurrency(16)
+                .debounce(DEBOUNCE),
+        )
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             match result {
@@ -106,16 +173,40 @@ pub async fn run_controller(ctx: Arc<Context>, namespace: Option<String>) {
         .await;
 }
 
-/// Backs off after a failure (the controller also backs off repeated triggers).
+/// The StreamApp a pod or claim belongs to, by its app label.
+fn by_app_label<K: Resource>(object: PartialObjectMeta<K>) -> Option<ObjectRef<StreamApp>> {
+    let app = object.labels().get(owned::APP_LABEL)?.clone();
+    Some(ObjectRef::<StreamApp>::new(&app).within(&object.namespace()?))
+}
+
+/// Backs off after a failure, exponentially per StreamApp: a StreamApp whose reconcile keeps
+/// failing (an API server refusing something) is retried less and less often, the others are
+/// not slowed down.
 pub fn error_policy(app: Arc<StreamApp>, error: &Error, ctx: Arc<Context>) -> Action {
-    warn!(app = %app.name_any(), namespace = ?app.namespace(), error = %error, "reconcile failed");
+    let failures = ctx.failed(&app);
+    let delay = retry_delay(failures);
+    warn!(app = %app.name_any(), namespace = ?app.namespace(), error = %error, failures, retry_in_s = delay.as_secs(), "reconcile failed");
     ctx.metrics.reconcile_failed(error);
-    Action::requeue(Duration::from_secs(15))
+    Action::requeue(delay)
+}
+
+/// 5 s after the first failure, doubling, at most 5 minutes.
+pub fn retry_delay(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(6);
+    (RETRY_FIRST * 2u32.pow(exp)).min(RETRY_MAX)
 }
 
 /// Brings one StreamApp's objects and status in line with its spec.
 pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_started();
+    let action = reconcile_app(&app, &ctx).await;
+    if action.is_ok() {
+        ctx.succeeded(&app);
+    }
+    action
+}
+
+async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
     if app.metadata.deletion_timestamp.is_some() {
         // Owner references let the garbage collector delete everything.
         return Ok(Action::await_change());
@@ -125,53 +216,62 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action>
     let name = app.name_any();
     let id = format!("{ns}/{name}");
 
-    let rendered = processor_config::render(&app).map_err(|source| Error::Render {
-        app: id.clone(),
-        source,
-    })?;
-    let blocker = preflight(&app, &rendered.config).err();
+    let rendered = match processor_config::render(app) {
+        Ok(rendered) => rendered,
+        Err(e) => {
+            // Nothing a retry changes: report it and wait for the spec to change.
+            let findings = Findings {
+                blocker: Some(Blocker {
+                    reason: INVALID_CONFIG,
+                    message: format!("the processor configuration cannot be rendered: {e}"),
+                }),
+                ..Default::default()
+            };
+            let live = read_statefulset(client, app).await?;
+            write_status(
+                ctx,
+                app,
+                compute_status(app, live.as_ref(), &findings, Timestamp::now()),
+            )
+            .await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let blocker = preflight(app, &rendered.config).err();
     let paused =
         streamapp_api::annotations::is_true(app.annotations(), streamapp_api::annotations::PAUSED);
     if paused {
         // Only observe and report: nothing the spec asks for is applied.
-        let live = Api::<StatefulSet>::namespaced(client.clone(), &ns)
-            .get_opt(&name)
-            .await
-            .map_err(Error::kube(format!("reading StatefulSet {id}")))?;
+        let live = read_statefulset(client, app).await?;
         let findings = Findings {
             blocker,
             desired_config_hash: Some(rendered.hash.clone()),
-            pods: pod_problems(&list_pods(client, &app).await?, Timestamp::now()),
+            pods: pod_problems(&list_pods(client, app).await?, Timestamp::now()),
             paused: true,
             ..Default::default()
         };
         write_status(
-            &ctx,
-            &app,
-            compute_status(&app, live.as_ref(), &findings, Timestamp::now()),
+            ctx,
+            app,
+            compute_status(app, live.as_ref(), &findings, Timestamp::now()),
         )
         .await?;
         return Ok(Action::requeue(REQUEUE));
     }
 
-    apply(client, &ns, &rbac::desired_service_account(&app)).await?;
-    apply(client, &ns, &rbac::desired_role(&app)).await?;
-    apply(client, &ns, &rbac::desired_role_binding(&app)).await?;
-    apply(client, &ns, &service::desired_service(&app)).await?;
+    apply(client, &ns, &rbac::desired_service_account(app)).await?;
+    apply(client, &ns, &rbac::desired_role(app)).await?;
+    apply(client, &ns, &rbac::desired_role_binding(app)).await?;
+    apply(client, &ns, &service::desired_service(app)).await?;
     apply(
         client,
         &ns,
-        &disruption_budget::desired_disruption_budget(&app),
+        &disruption_budget::desired_disruption_budget(app),
     )
     .await?;
 
-    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    let live = sts_api
-        .get_opt(&name)
-        .await
-        .map_err(Error::kube(format!("reading StatefulSet {id}")))?;
-
-    let storage = resize_claims(&ctx, &app, &ns).await?;
+    let live = read_statefulset(client, app).await?;
+    let storage = resize_claims(ctx, app, &ns).await?;
 
     let mut notices = Vec::new();
     let sts = match &blocker {
@@ -181,13 +281,15 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action>
             live.clone()
         }
         None => {
-            apply(
+            create_config_map(
                 client,
                 &ns,
-                &processor_config::desired_config_map(&app, &rendered),
+                &processor_config::desired_config_map(app, &rendered),
             )
             .await?;
-            let mut desired = statefulset::desired_statefulset(&app, &rendered.hash);
+            let secrets_hash = secrets_hash(client, app).await?;
+            let mut desired =
+                statefulset::desired_statefulset(app, &rendered.hash, secrets_hash.as_deref());
             if let Some(live) = &live {
                 statefulset::keep_claim_template_sizes(&mut desired, live);
             }
@@ -196,24 +298,115 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action>
         }
     };
 
+    let pods = list_pods(client, app).await?;
+    delete_stale_config_maps(client, app, &rendered.hash, &pods).await?;
+
     let now = Timestamp::now();
     let findings = Findings {
         blocker,
         storage: storage.finding(),
         desired_config_hash: Some(rendered.hash.clone()),
-        pods: pod_problems(&list_pods(client, &app).await?, now),
+        pods: pod_problems(&pods, now),
         paused: false,
     };
-    let status = compute_status(&app, sts.as_ref(), &findings, now);
+    let status = compute_status(app, sts.as_ref(), &findings, now);
     for notice in notices {
-        publish(&ctx, &app, notice).await;
+        publish(ctx, app, notice).await;
     }
-    write_status(&ctx, &app, status).await?;
+    write_status(ctx, app, status).await?;
+    // Watches say when something changes (claims included); this is a safety net.
+    Ok(Action::requeue(REQUEUE))
+}
 
-    Ok(match findings.storage {
-        StorageFinding::Resizing(_) => Action::requeue(REQUEUE_WHILE_RESIZING),
-        _ => Action::requeue(REQUEUE),
-    })
+async fn read_statefulset(client: &Client, app: &StreamApp) -> Result<Option<StatefulSet>> {
+    let ns = app.namespace().unwrap_or_default();
+    Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .get_opt(&app.name_any())
+        .await
+        .map_err(Error::kube(format!(
+            "reading StatefulSet {ns}/{}",
+            app.name_any()
+        )))
+}
+
+/// Creates the content-named configuration ConfigMap if it does not exist yet. It is immutable,
+/// and its name is its content's hash: an existing one already holds exactly this.
+async fn create_config_map(client: &Client, ns: &str, cm: &ConfigMap) -> Result<()> {
+    let name = cm.metadata.name.clone().unwrap_or_default();
+    match Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), cm)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(Error::kube(format!("creating ConfigMap {ns}/{name}"))(e)),
+    }
+}
+
+/// Deletes the configuration ConfigMaps that no pod uses any more and that are not current.
+async fn delete_stale_config_maps(
+    client: &Client,
+    app: &StreamApp,
+    config_hash: &str,
+    pods: &[Pod],
+) -> Result<()> {
+    let ns = app.namespace().unwrap_or_default();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let selector = format!(
+        "{},{}={}",
+        owned::selector_string(app),
+        owned::COMPONENT_LABEL,
+        owned::PROCESSOR_CONFIG
+    );
+    let mut existing: Vec<String> = api
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+        .map_err(Error::kube(format!(
+            "listing the ConfigMaps of {ns}/{}",
+            app.name_any()
+        )))?
+        .items
+        .into_iter()
+        .map(|cm| cm.name_any())
+        .collect();
+    let legacy = owned::legacy_config_map_name(app);
+    if api
+        .get_metadata_opt(&legacy)
+        .await
+        .map_err(Error::kube(format!("reading ConfigMap {ns}/{legacy}")))?
+        .is_some()
+    {
+        existing.push(legacy);
+    }
+    let used: Vec<String> = pods
+        .iter()
+        .flat_map(|p| p.spec.iter().flat_map(|s| s.volumes.iter().flatten()))
+        .filter_map(|v| v.config_map.as_ref().map(|c| c.name.clone()))
+        .collect();
+    let current = owned::config_map_name(app, config_hash);
+    for name in processor_config::stale_config_maps(&existing, &current, &used) {
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => info!(config_map = %name, "deleted a configuration no pod uses"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(Error::kube(format!("deleting ConfigMap {ns}/{name}"))(e)),
+        }
+    }
+    Ok(())
+}
+
+/// The hash of the Secrets the pods read (see [`secrets`]).
+async fn secrets_hash(client: &Client, app: &StreamApp) -> Result<Option<String>> {
+    let ns = app.namespace().unwrap_or_default();
+    let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let mut found = Vec::new();
+    for name in secrets::referenced(app) {
+        let secret = api
+            .get_opt(&name)
+            .await
+            .map_err(Error::kube(format!("reading Secret {ns}/{name}")))?;
+        found.push((name, secret));
+    }
+    Ok(secrets::contents_hash(&found))
 }
 
 /// The StreamApp's pods.
@@ -354,5 +547,16 @@ async fn publish(ctx: &Context, app: &StreamApp, notice: Notice) {
     };
     if let Err(e) = ctx.recorder.publish(&event, &app.object_ref(&())).await {
         warn!(app = %app.name_any(), reason = %event.reason, error = %e, "could not publish event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_from_five_seconds_to_five_minutes() {
+        let delays: Vec<u64> = (1..=9).map(|n| retry_delay(n).as_secs()).collect();
+        assert_eq!(delays, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
     }
 }

@@ -33,6 +33,9 @@ use crate::processor_config::{
 /// Pod template annotation with the SHA-256 of `processor.yaml`: a new configuration is a new
 /// pod template, so the StatefulSet rolls the pods.
 pub const CONFIG_HASH_ANNOTATION: &str = "streamapp.dev/config-hash";
+/// Pod template annotation with a hash of the Secrets the pods read (Kafka SASL credentials,
+/// TLS material): a changed credential rolls the pods like a changed configuration.
+pub const SECRETS_HASH_ANNOTATION: &str = "streamapp.dev/secrets-hash";
 /// Claim template of the state volume; claims are named `state-<name>-<ordinal>`.
 pub const STATE_VOLUME: &str = "state";
 /// Claim template of the optional WAL volume; claims are named `wal-<name>-<ordinal>`.
@@ -46,10 +49,15 @@ pub const RUN_AS: i64 = 65532;
 pub const GRACE_MARGIN: Duration = Duration::from_secs(15);
 const DEFAULT_DRAIN: Duration = Duration::from_secs(60);
 
-/// The StatefulSet the spec asks for, with the configuration `config_hash` in its pod
-/// template. When the StatefulSet already exists, pass it through
-/// [`keep_claim_template_sizes`] before applying: claim templates cannot change.
-pub fn desired_statefulset(app: &StreamApp, config_hash: &str) -> StatefulSet {
+/// The StatefulSet the spec asks for, with the configuration `config_hash` (and the hash of
+/// the Secrets it reads, when it reads any) in its pod template. When the StatefulSet already
+/// exists, pass it through [`keep_claim_template_sizes`] before applying: claim templates
+/// cannot change.
+pub fn desired_statefulset(
+    app: &StreamApp,
+    config_hash: &str,
+    secrets_hash: Option<&str>,
+) -> StatefulSet {
     let spec = &app.spec;
     let pod = spec.pod.clone().unwrap_or_default();
 
@@ -58,6 +66,9 @@ pub fn desired_statefulset(app: &StreamApp, config_hash: &str) -> StatefulSet {
     pod_labels.extend(owned::labels(app));
     let mut pod_annotations = pod.annotations.clone();
     pod_annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
+    if let Some(hash) = secrets_hash {
+        pod_annotations.insert(SECRETS_HASH_ANNOTATION.to_string(), hash.to_string());
+    }
     // A restart request is a new pod template: the StatefulSet replaces the pods one by one.
     if let Some(restart) = app.annotations().get(streamapp_api::annotations::RESTART) {
         pod_annotations.insert(
@@ -69,7 +80,7 @@ pub fn desired_statefulset(app: &StreamApp, config_hash: &str) -> StatefulSet {
     let mut volumes = vec![Volume {
         name: "config".into(),
         config_map: Some(ConfigMapVolumeSource {
-            name: owned::config_map_name(app),
+            name: owned::config_map_name(app, config_hash),
             ..Default::default()
         }),
         ..Default::default()
@@ -519,7 +530,7 @@ mod tests {
             ],
             ..Default::default()
         });
-        let sts = desired_statefulset(&app, "h1");
+        let sts = desired_statefulset(&app, "h1", None);
         let p = container(&sts, "processor");
         assert_eq!(env_str(p, "RUST_LOG"), Some("debug"));
         let pod_names: Vec<_> = p
@@ -544,7 +555,7 @@ mod tests {
 
     #[test]
     fn processor_runs_with_the_contracted_command_env_port_and_probes() {
-        let sts = desired_statefulset(&app(), "h1");
+        let sts = desired_statefulset(&app(), "h1", None);
         let p = container(&sts, "processor");
         assert_eq!(p.image.as_deref(), Some("registry.example/streamapp:1.0"));
         assert_eq!(
@@ -602,7 +613,7 @@ mod tests {
     fn pre_stop_drains_within_the_grace_period() {
         let mut app = app();
         app.spec.shutdown.drain_timeout = "2m".into();
-        let sts = desired_statefulset(&app, "h1");
+        let sts = desired_statefulset(&app, "h1", None);
         let hook = container(&sts, "processor")
             .lifecycle
             .as_ref()
@@ -624,7 +635,7 @@ mod tests {
             heartbeat: Some("30s".into()),
             ..Default::default()
         });
-        let sts = desired_statefulset(&app, "h1");
+        let sts = desired_statefulset(&app, "h1", None);
         let spec = pod_spec(&sts);
         let agent = &spec.init_containers.as_ref().unwrap()[0];
         assert_eq!(agent.name, "agent");
@@ -665,7 +676,7 @@ mod tests {
             image: Some("registry.example/agent:2".into()),
             ..Default::default()
         });
-        let sts = desired_statefulset(&app, "h1");
+        let sts = desired_statefulset(&app, "h1", None);
         let agent = container(&sts, "agent");
         assert_eq!(agent.image.as_deref(), Some("registry.example/agent:2"));
         assert!(env_value(agent, "STREAMAPP_HEARTBEAT").is_none());
@@ -673,7 +684,7 @@ mod tests {
 
     #[test]
     fn both_containers_are_locked_down() {
-        let sts = desired_statefulset(&app(), "h1");
+        let sts = desired_statefulset(&app(), "h1", None);
         for name in ["processor", "agent"] {
             let sc = container(&sts, name).security_context.as_ref().unwrap();
             assert_eq!(sc.run_as_non_root, Some(true), "{name}");
@@ -699,7 +710,7 @@ mod tests {
 
     #[test]
     fn rollouts_are_ordered_and_wait_for_readiness() {
-        let sts = desired_statefulset(&app(), "h1");
+        let sts = desired_statefulset(&app(), "h1", None);
         let spec = sts.spec.as_ref().unwrap();
         assert_eq!(spec.pod_management_policy.as_deref(), Some("OrderedReady"));
         assert_eq!(
@@ -719,7 +730,7 @@ mod tests {
         let mut app = app();
         app.spec.storage.size = "5Gi".into();
         app.spec.storage.storage_class_name = Some("fast".into());
-        let sts = desired_statefulset(&app, "h1");
+        let sts = desired_statefulset(&app, "h1", None);
         let spec = sts.spec.as_ref().unwrap();
         let templates = spec.volume_claim_templates.as_ref().unwrap();
         assert_eq!(templates.len(), 1);
@@ -750,7 +761,7 @@ mod tests {
             when_deleted: RetainOrDelete::Delete,
             when_scaled: RetainOrDelete::Retain,
         });
-        let sts = desired_statefulset(&app, "h1");
+        let sts = desired_statefulset(&app, "h1", None);
         let retention = sts
             .spec
             .unwrap()
@@ -766,7 +777,7 @@ mod tests {
             size: "2Gi".into(),
             storage_class_name: Some("nvme".into()),
         });
-        let sts = desired_statefulset(&app, "h1");
+        let sts = desired_statefulset(&app, "h1", None);
         let templates = sts
             .spec
             .as_ref()
@@ -804,7 +815,7 @@ mod tests {
         app.spec.kafka.tls = Some(TlsSecret {
             secret_name: "kafka-ca".into(),
         });
-        let sts = desired_statefulset(&app, "h1");
+        let sts = desired_statefulset(&app, "h1", None);
         let p = container(&sts, "processor");
         let user = env_value(p, "KAFKA_SASL_USERNAME")
             .unwrap()
@@ -872,7 +883,7 @@ mod tests {
             service_account_name: Some("custom".into()),
             ..Default::default()
         });
-        let sts = desired_statefulset(&app, "cafe");
+        let sts = desired_statefulset(&app, "cafe", None);
         let template = &sts.spec.as_ref().unwrap().template;
         let meta = template.metadata.as_ref().unwrap();
         assert_eq!(
@@ -910,7 +921,7 @@ mod tests {
             "1Gi"
         );
         assert_eq!(
-            pod_spec(&desired_statefulset(&self::app(), "h"))
+            pod_spec(&desired_statefulset(&self::app(), "h", None))
                 .service_account_name
                 .as_deref(),
             Some("orders-agent")
@@ -919,7 +930,7 @@ mod tests {
 
     #[test]
     fn statefulset_is_owned_and_labelled() {
-        let sts = desired_statefulset(&app(), "h1");
+        let sts = desired_statefulset(&app(), "h1", None);
         assert_eq!(sts.metadata.name.as_deref(), Some("orders"));
         assert_eq!(sts.metadata.namespace.as_deref(), Some("shop"));
         let owner = &sts.metadata.owner_references.as_ref().unwrap()[0];
@@ -940,10 +951,10 @@ mod tests {
 
     #[test]
     fn an_existing_statefulset_keeps_its_claim_template_sizes() {
-        let live = desired_statefulset(&app(), "h1");
+        let live = desired_statefulset(&app(), "h1", None);
         let mut grown = app();
         grown.spec.storage.size = "10Gi".into();
-        let mut desired = desired_statefulset(&grown, "h1");
+        let mut desired = desired_statefulset(&grown, "h1", None);
         keep_claim_template_sizes(&mut desired, &live);
         let templates = desired
             .spec

@@ -155,6 +155,9 @@ fn namespaced_permissions() -> Vec<Permission> {
         ("", "pods", "get"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
+        ("", "secrets", "get"),
+        ("", "secrets", "list"),
+        ("", "secrets", "watch"),
         ("", "events", "create"),
         ("", "events", "patch"),
         ("events.k8s.io", "events", "create"),
@@ -596,7 +599,7 @@ async fn every_optional_feature_renders_and_each_document_checks_out() {
     // and the relabeling reads the StreamApp label the operator really sets.
     let pod_monitor = only(&docs, "PodMonitor");
     let app = sample_app();
-    let sts = streamapp_operator::statefulset::desired_statefulset(&app, "hash");
+    let sts = streamapp_operator::statefulset::desired_statefulset(&app, "hash", None);
     let template = sts.spec.unwrap().template;
     let pod_labels = template.metadata.unwrap().labels.unwrap();
     assert!(
@@ -863,7 +866,7 @@ async fn helm_install_runs_the_operator_pod_on_the_node_and_uninstall_leaves_onl
         "storageclasses.storage.k8s.io"
     ));
     for (namespace, verb, resource) in [
-        (ns.name.as_str(), "get", "secrets"),
+        (ns.name.as_str(), "create", "secrets"),
         (ns.name.as_str(), "delete", "pods"),
         ("default", "create", "statefulsets.apps"),
         ("default", "list", "streamapps.streamapp.dev"),

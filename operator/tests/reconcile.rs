@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -43,6 +43,19 @@ fn processor_image(sts: &StatefulSet) -> String {
         .image
         .clone()
         .unwrap()
+}
+
+/// The configuration ConfigMap a pod template (or pod spec) mounts.
+fn config_map_of(spec: &k8s_openapi::api::core::v1::PodSpec) -> String {
+    spec.volumes
+        .iter()
+        .flatten()
+        .find_map(|v| v.config_map.as_ref().map(|c| c.name.clone()))
+        .expect("a ConfigMap volume")
+}
+
+fn template_config_map(sts: &StatefulSet) -> String {
+    config_map_of(sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap())
 }
 
 fn config_hash(sts: &StatefulSet) -> String {
@@ -108,11 +121,17 @@ async fn creating_a_streamapp_creates_every_owned_object_with_the_expected_field
         owned_by_app(&svc.metadata);
         assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("None"));
 
+        let cm_name = template_config_map(&sts);
+        assert_eq!(
+            cm_name,
+            format!("orders-config-{}", &config_hash(&sts)[..10])
+        );
         let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-            .get("orders-config")
+            .get(&cm_name)
             .await
             .unwrap();
         owned_by_app(&cm.metadata);
+        assert_eq!(cm.immutable, Some(true));
         let yaml = &cm.data.as_ref().unwrap()["processor.yaml"];
         let config: ProcessorConfig = serde_yaml::from_str(yaml).unwrap();
         assert_eq!(config.application_id, format!("{ns}.orders"));
@@ -193,8 +212,44 @@ async fn creating_a_streamapp_creates_every_owned_object_with_the_expected_field
     .await;
 }
 
+/// Every ConfigMap a pod mounts exists, and no other configuration ConfigMap than the current
+/// one does.
+async fn assert_config_maps_follow_the_pods(client: &Client, ns: &str, app: &str, current: &str) {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("streamapp.dev/app={app}")))
+        .await
+        .unwrap()
+        .items;
+    let used: Vec<String> = pods
+        .iter()
+        .map(|p| config_map_of(p.spec.as_ref().unwrap()))
+        .collect();
+    let configs = Api::<ConfigMap>::namespaced(client.clone(), ns);
+    wait_for(
+        Duration::from_secs(30),
+        "configuration ConfigMaps no pod uses to be deleted",
+        || async {
+            let existing: Vec<String> = configs
+                .list(&ListParams::default().labels(&format!(
+                    "streamapp.dev/app={app},streamapp.dev/component=processor-config"
+                )))
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|c| c.metadata.name.unwrap())
+                .collect();
+            existing.iter().all(|c| c == current || used.contains(c))
+                && used.iter().all(|u| existing.contains(u))
+                && existing.iter().any(|c| c == current)
+        },
+    )
+    .await;
+}
+
 #[tokio::test]
-async fn changing_rocksdb_tuning_changes_the_config_hash_and_rolls_the_pod_template() {
+async fn a_configuration_change_rolls_the_template_and_a_rollback_brings_the_old_configuration_back()
+ {
     with_operator("tuning", |client, ns| async move {
         create(&client, &ns, streamapp_json("clicks", 1)).await;
         let first = wait_for_status(&client, &ns, "clicks", "a config hash", |s| {
@@ -202,6 +257,10 @@ async fn changing_rocksdb_tuning_changes_the_config_hash_and_rolls_the_pod_templ
         })
         .await;
         let old_hash = first.config_hash.unwrap();
+        let configs = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+        let old_name = template_config_map(&statefulset(&client, &ns, "clicks").await);
+        let old_yaml =
+            configs.get(&old_name).await.unwrap().data.unwrap()["processor.yaml"].clone();
 
         patch_spec(
             &client,
@@ -221,13 +280,91 @@ async fn changing_rocksdb_tuning_changes_the_config_hash_and_rolls_the_pod_templ
             new_hash,
             "the pod template rolls with the configuration"
         );
-        let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-            .get("clicks-config")
-            .await
-            .unwrap();
+        let new_name = template_config_map(&sts);
+        assert_ne!(new_name, old_name, "a new configuration is a new ConfigMap");
+        let cm = configs.get(&new_name).await.unwrap();
+        assert_eq!(cm.immutable, Some(true));
         let config: ProcessorConfig =
             serde_yaml::from_str(&cm.data.unwrap()["processor.yaml"]).unwrap();
         assert_eq!(config.rocksdb.block_cache_size.as_deref(), Some("64Mi"));
+        // A pod that has not rolled yet still finds the configuration it started with.
+        assert_config_maps_follow_the_pods(&client, &ns, "clicks", &new_name).await;
+
+        // Going back to the earlier spec goes back to the earlier configuration, unchanged.
+        patch_spec(
+            &client,
+            &ns,
+            "clicks",
+            serde_json::json!({ "rocksdb": { "blockCacheSize": null } }),
+        )
+        .await;
+        wait_for_status(&client, &ns, "clicks", "the old config hash again", |s| {
+            s.config_hash.as_deref() == Some(old_hash.as_str())
+        })
+        .await;
+        let sts = statefulset(&client, &ns, "clicks").await;
+        assert_eq!(template_config_map(&sts), old_name);
+        assert_eq!(
+            configs.get(&old_name).await.unwrap().data.unwrap()["processor.yaml"],
+            old_yaml
+        );
+        assert_config_maps_follow_the_pods(&client, &ns, "clicks", &old_name).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_changed_kafka_credential_rolls_the_pod_template() {
+    with_operator("secret", |client, ns| async move {
+        let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns);
+        let secret = |password: &str| -> k8s_openapi::api::core::v1::Secret {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "kafka-user" },
+                "stringData": { "username": "orders", "password": password },
+            }))
+            .unwrap()
+        };
+        secrets
+            .create(&Default::default(), &secret("one"))
+            .await
+            .unwrap();
+        let mut app = streamapp_json("payments", 1);
+        app["spec"]["kafka"]["sasl"] = serde_json::json!({ "secretName": "kafka-user" });
+        create(&client, &ns, app).await;
+        let hash_of = |sts: &StatefulSet| {
+            sts.spec
+                .as_ref()
+                .unwrap()
+                .template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .annotations
+                .as_ref()
+                .unwrap()
+                .get("streamapp.dev/secrets-hash")
+                .cloned()
+        };
+        let first = eventually(
+            Duration::from_secs(30),
+            "a secrets hash in the pod template",
+            || async { hash_of(&statefulset(&client, &ns, "payments").await) },
+        )
+        .await;
+
+        secrets
+            .patch(
+                "kafka-user",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "stringData": { "password": "two" } })),
+            )
+            .await
+            .unwrap();
+        // The Secret is watched: the change rolls the template now, not at the next resync.
+        wait_for(Duration::from_secs(20), "a new secrets hash", || async {
+            hash_of(&statefulset(&client, &ns, "payments").await).is_some_and(|h| h != first)
+        })
+        .await;
     })
     .await;
 }
@@ -420,10 +557,10 @@ async fn a_memory_limit_below_the_rocksdb_budget_is_degraded_and_not_rolled_out(
 async fn deleting_the_streamapp_garbage_collects_its_objects() {
     with_operator("delete", |client, ns| async move {
         create(&client, &ns, streamapp_json("audit", 1)).await;
-        statefulset(&client, &ns, "audit").await;
+        let cm_name = template_config_map(&statefulset(&client, &ns, "audit").await);
         wait_for(Duration::from_secs(30), "the ConfigMap", || async {
             Api::<ConfigMap>::namespaced(client.clone(), &ns)
-                .get_opt("audit-config")
+                .get_opt(&cm_name)
                 .await
                 .ok()
                 .flatten()
@@ -446,6 +583,12 @@ async fn deleting_the_streamapp_garbage_collects_its_objects() {
                     .await
                     .unwrap()
                     .is_none()
+                && Api::<ConfigMap>::namespaced(c.clone(), &ns)
+                    .list(&ListParams::default().labels("streamapp.dev/app=audit"))
+                    .await
+                    .unwrap()
+                    .items
+                    .is_empty()
                 && Api::<ConfigMap>::namespaced(c.clone(), &ns)
                     .get_opt("audit-config")
                     .await

@@ -39,6 +39,12 @@ Cluster-wide by default; a Role in watchNamespace when it watches one namespace.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# The Kafka credentials a StreamApp names (spec.kafka.sasl/tls): hashed into the pod template so
+# a changed credential rolls the pods, and used to reach the app's Kafka. Read-only; the
+# operator watches only their metadata.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
