@@ -604,3 +604,54 @@ async fn an_image_the_node_does_not_have_shows_pods_not_starting_in_the_status()
     assert!(wide.contains("PodsNotStarting"), "{wide}");
     s.finish().await;
 }
+
+#[tokio::test]
+async fn a_bad_image_rolled_out_then_reverted_heals_without_deleting_a_pod_by_hand() {
+    let s = Scenario::start("bad-rollout", 4).await;
+    let good = s.example();
+    s.apply(&good);
+    s.wait_ready(READY_TIMEOUT).await;
+    let mut sent = Sent::new();
+    sent.produce(&s, 500, 0.3, 0);
+    s.wait_processed();
+
+    let mut bad = good.clone();
+    bad["spec"]["image"] = "localhost/streamapp/streamapp:does-not-exist".into();
+    bad["spec"]["imagePullPolicy"] = "Never".into();
+    s.apply(&bad);
+    // The rollout replaces the highest ordinal first, and its new pod cannot start.
+    s.wait_for_status(
+        "the bad rollout to be stuck",
+        Duration::from_secs(120),
+        |st| condition(st, "Ready").is_some_and(|c| c.1 == "PodsNotStarting"),
+    )
+    .await;
+
+    s.apply(&good);
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let pods = s.pods().await;
+        let healed = pods.len() == 2
+            && pods.iter().all(|p| {
+                is_ready(p)
+                    && p.spec.as_ref().unwrap().containers[0].image.as_deref()
+                        == Some(testbed::node::app_image().as_str())
+            });
+        if healed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reverted rollout did not heal:\n{}",
+            s.diagnostics().await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    s.wait_for_status("2/2 Running again", Duration::from_secs(60), |st| {
+        st.ready.as_deref() == Some("2/2") && st.phase.as_deref() == Some("Running")
+    })
+    .await;
+    sent.produce(&s, 500, 0.3, 0);
+    s.assert_exactly_once(&sent);
+    s.finish().await;
+}

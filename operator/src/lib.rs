@@ -10,6 +10,8 @@
 //! - [`storage`]: growing volumes that StatefulSets cannot grow.
 //! - [`pod_health`]: what the kubelet reports about pods that cannot start or were OOM-killed.
 //! - [`secrets`]: the Secrets the pods read, hashed into the pod template.
+//! - [`rollout`]: rollouts that cannot get stuck; replacing a StatefulSet whose immutable
+//!   policy is outdated.
 //! - [`status`]: the aggregate status and its conditions; [`events`]: what is worth an Event.
 //! - [`leader`]: Lease-based leader election; [`metrics`]: Prometheus metrics and health.
 //! - [`cli`]: flags and the program's entry point; [`run`]: the operator as a library call
@@ -28,6 +30,7 @@ pub mod preflight;
 pub mod processor_config;
 pub mod rbac;
 pub mod reconcile;
+pub mod rollout;
 pub mod secrets;
 pub mod service;
 pub mod spec_reference;

@@ -36,7 +36,7 @@ use crate::pod_health::pod_problems;
 use crate::preflight::{Blocker, INVALID_CONFIG, preflight};
 use crate::status::{Findings, compute_status, needs_update};
 use crate::storage::{StoragePlan, plan_storage};
-use crate::{disruption_budget, processor_config, rbac, secrets, service, statefulset};
+use crate::{disruption_budget, processor_config, rbac, rollout, secrets, service, statefulset};
 
 /// Requeue after a successful reconcile: a safety net, watches trigger the real work.
 pub const REQUEUE: Duration = Duration::from_secs(5 * 60);
@@ -271,6 +271,11 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
     .await?;
 
     let live = read_statefulset(client, app).await?;
+    if let Some(live) = live.as_ref().filter(|l| rollout::needs_recreate(l)) {
+        replace_statefulset(ctx, app, live).await?;
+        // The next reconcile creates the new StatefulSet once the old one is gone.
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
     let storage = resize_claims(ctx, app, &ns).await?;
 
     let mut notices = Vec::new();
@@ -300,13 +305,14 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
 
     let pods = list_pods(client, app).await?;
     delete_stale_config_maps(client, app, &rendered.hash, &pods).await?;
-
     let now = Timestamp::now();
+    let problems = pod_problems(&pods, now);
+
     let findings = Findings {
         blocker,
         storage: storage.finding(),
         desired_config_hash: Some(rendered.hash.clone()),
-        pods: pod_problems(&pods, now),
+        pods: problems,
         paused: false,
     };
     let status = compute_status(app, sts.as_ref(), &findings, now);
@@ -316,6 +322,40 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
     write_status(ctx, app, status).await?;
     // Watches say when something changes (claims included); this is a safety net.
     Ok(Action::requeue(REQUEUE))
+}
+
+/// Deletes the live StatefulSet, leaving its pods (and their volumes) running, so that it can
+/// be created again with what cannot change in place (see [`rollout`]).
+async fn replace_statefulset(ctx: &Context, app: &StreamApp, live: &StatefulSet) -> Result<()> {
+    let ns = app.namespace().unwrap_or_default();
+    let name = app.name_any();
+    if live.metadata.deletion_timestamp.is_none() {
+        let policy = live
+            .spec
+            .as_ref()
+            .and_then(|s| s.pod_management_policy.clone());
+        Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns)
+            .delete(&name, &DeleteParams::orphan())
+            .await
+            .map_err(Error::kube(format!(
+                "deleting StatefulSet {ns}/{name} (orphaning its pods)"
+            )))?;
+        publish(
+            ctx,
+            app,
+            Notice {
+                warning: false,
+                reason: "ReplacingStatefulSet",
+                note: format!(
+                    "replacing StatefulSet {name} to change its podManagementPolicy from {} to {}; its pods keep running",
+                    policy.as_deref().unwrap_or("OrderedReady"),
+                    statefulset::POD_MANAGEMENT_POLICY
+                ),
+            },
+        )
+        .await;
+    }
+    Ok(())
 }
 
 async fn read_statefulset(client: &Client, app: &StreamApp) -> Result<Option<StatefulSet>> {

@@ -41,6 +41,9 @@ pub const STATE_VOLUME: &str = "state";
 /// Claim template of the optional WAL volume; claims are named `wal-<name>-<ordinal>`.
 pub const WAL_VOLUME: &str = "wal";
 pub const PROCESSOR_CONTAINER: &str = "processor";
+/// The StatefulSet's podManagementPolicy. It cannot change on a live StatefulSet: one made
+/// with another (earlier operator versions used OrderedReady) is replaced (see `rollout`).
+pub const POD_MANAGEMENT_POLICY: &str = "Parallel";
 pub const AGENT_CONTAINER: &str = "agent";
 /// The non-root user and group both containers run as (distroless' `nonroot`).
 pub const RUN_AS: i64 = 65532;
@@ -123,9 +126,11 @@ pub fn desired_statefulset(
                 ..Default::default()
             },
             service_name: Some(owned::workload_name(app)),
-            // OrderedReady + RollingUpdate: a rollout replaces one pod at a time, from the highest
-            // ordinal, and waits until the new pod is Ready (its stores restored) before the next.
-            pod_management_policy: Some("OrderedReady".into()),
+            // Parallel: pods are created and removed together when scaling (scale-up is not
+            // serial), and a pod that never becomes Ready does not block the others (see
+            // `rollout` for stuck rollouts). Rollouts stay one pod at a time (RollingUpdate):
+            // from the highest ordinal, each new pod Ready (its stores restored) before the next.
+            pod_management_policy: Some(POD_MANAGEMENT_POLICY.into()),
             update_strategy: Some(StatefulSetUpdateStrategy {
                 type_: Some("RollingUpdate".into()),
                 rolling_update: Some(RollingUpdateStatefulSetStrategy {
@@ -712,7 +717,7 @@ mod tests {
     fn rollouts_are_ordered_and_wait_for_readiness() {
         let sts = desired_statefulset(&app(), "h1", None);
         let spec = sts.spec.as_ref().unwrap();
-        assert_eq!(spec.pod_management_policy.as_deref(), Some("OrderedReady"));
+        assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
         assert_eq!(
             spec.update_strategy.as_ref().unwrap().type_.as_deref(),
             Some("RollingUpdate")

@@ -104,7 +104,7 @@ async fn creating_a_streamapp_creates_every_owned_object_with_the_expected_field
         };
         owned_by_app(&sts.metadata);
         let spec = sts.spec.as_ref().unwrap();
-        assert_eq!(spec.pod_management_policy.as_deref(), Some("OrderedReady"));
+        assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
         let pod = spec.template.spec.as_ref().unwrap();
         let agent = &pod.init_containers.as_ref().unwrap()[0];
         assert_eq!(
@@ -714,4 +714,88 @@ async fn a_paused_streamapp_applies_no_spec_change_until_unpaused_and_a_restart_
         .await;
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_statefulset_made_with_ordered_ready_is_replaced_without_restarting_its_pods() {
+    let client = testbed::kube::client().await;
+    install_crd(&client).await;
+    let ns = testbed::kube::TestNamespace::create(&client, "migrate").await;
+    let app = create(&client, &ns.name, streamapp_json("legacy", 1)).await;
+    // The StatefulSet (and the ServiceAccount its pods run as) as an earlier operator version
+    // made it.
+    Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
+        .patch(
+            "legacy-agent",
+            &PatchParams::apply("streamapp-operator").force(),
+            &Patch::Apply(&streamapp_operator::rbac::desired_service_account(&app)),
+        )
+        .await
+        .unwrap();
+    // Same pod template as the current operator renders: only the policy differs.
+    let hash = streamapp_operator::processor_config::render(&app)
+        .unwrap()
+        .hash;
+    let mut old = streamapp_operator::statefulset::desired_statefulset(&app, &hash, None);
+    old.spec.as_mut().unwrap().pod_management_policy = Some("OrderedReady".into());
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns.name);
+    sets.patch(
+        "legacy",
+        &PatchParams::apply("streamapp-operator").force(),
+        &Patch::Apply(&old),
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pod = eventually(Duration::from_secs(60), "pod legacy-0 Running", || async {
+        pods.get_opt("legacy-0")
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+    })
+    .await;
+    let old_sts_uid = sets.get("legacy").await.unwrap().metadata.uid.unwrap();
+
+    let operator = Operator::start(&client, &ns.name);
+    let new = eventually(
+        Duration::from_secs(60),
+        "a Parallel StatefulSet",
+        || async {
+            sets.get_opt("legacy").await.ok().flatten().filter(|s| {
+                s.spec.as_ref().unwrap().pod_management_policy.as_deref() == Some("Parallel")
+            })
+        },
+    )
+    .await;
+    assert_ne!(
+        new.metadata.uid.clone().unwrap(),
+        old_sts_uid,
+        "a new StatefulSet"
+    );
+    // The pod was orphaned and adopted, never deleted: the same pod, owned by the new one.
+    wait_for(
+        Duration::from_secs(30),
+        "the new StatefulSet to adopt legacy-0",
+        || async {
+            pods.get_opt("legacy-0")
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|p| {
+                    p.metadata.uid == pod.metadata.uid
+                        && p.metadata.owner_references.iter().flatten().any(|o| {
+                            o.kind == "StatefulSet" && Some(&o.uid) == new.metadata.uid.as_ref()
+                        })
+                })
+        },
+    )
+    .await;
+    assert!(
+        event_reasons(&client, &ns.name)
+            .await
+            .contains(&"ReplacingStatefulSet".to_string())
+    );
+    operator.stop().await.expect("a clean stop");
+    ns.delete().await;
 }
