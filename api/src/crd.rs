@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
     TopologySpreadConstraint,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -59,9 +59,9 @@ use crate::config::{RocksDbTuning, Topology};
     ),
     printcolumn(
         name = "Checkpoint",
-        type_ = "string",
-        json_path = ".status.worstCheckpointAge",
-        description = "Oldest durable store commit across pods"
+        type_ = "date",
+        json_path = ".status.oldestCheckpoint",
+        description = "Age of the oldest durable store commit across pods"
     ),
     printcolumn(
         name = "Age",
@@ -375,14 +375,16 @@ pub struct StreamAppStatus {
     /// Largest number of changelog records any store would replay after a crash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worst_restore_lag: Option<i64>,
-    /// Age of the oldest durable store commit across pods (e.g. `3s`, `2m10s`).
+    /// When the store that committed least recently did so (across pods): `kubectl get` shows
+    /// its age.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub worst_checkpoint_age: Option<String>,
+    pub oldest_checkpoint: Option<Time>,
     /// Hash of the processor configuration the pods run with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_hash: Option<String>,
-    /// Ready, Progressing, StateHealthy and Degraded.
+    /// Ready, Progressing, StateHealthy, Degraded and ReconciliationPaused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// One entry per pod, written by that pod's agent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -514,6 +516,18 @@ mod tests {
         assert_eq!(
             pods["x-kubernetes-list-map-keys"],
             serde_json::json!(["name"])
+        );
+    }
+
+    #[test]
+    fn conditions_are_a_list_map_keyed_by_type() {
+        let crd = serde_json::to_value(StreamApp::crd()).unwrap();
+        let conditions = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map");
+        assert_eq!(
+            conditions["x-kubernetes-list-map-keys"],
+            serde_json::json!(["type"])
         );
     }
 

@@ -283,7 +283,15 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         // Nothing new rolls out: the pods keep the last configuration that passed the checks.
         Some(b) => {
             info!(app = %id, reason = b.reason, "rollout blocked");
-            live.clone()
+            // Scaling is not part of the rollout: `kubectl scale` still works.
+            match &live {
+                Some(live)
+                    if live.spec.as_ref().and_then(|s| s.replicas) != Some(app.spec.replicas) =>
+                {
+                    Some(scale_statefulset(ctx, app, live).await?)
+                }
+                _ => live.clone(),
+            }
         }
         None => {
             create_config_map(
@@ -320,8 +328,42 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         publish(ctx, app, notice).await;
     }
     write_status(ctx, app, status).await?;
+    prune_pod_reports(ctx, app, &pods).await?;
     // Watches say when something changes (claims included); this is a safety net.
     Ok(Action::requeue(REQUEUE))
+}
+
+/// Sets only the replicas of the live StatefulSet (its template stays as it is), through its
+/// scale subresource.
+async fn scale_statefulset(
+    ctx: &Context,
+    app: &StreamApp,
+    live: &StatefulSet,
+) -> Result<StatefulSet> {
+    let ns = app.namespace().unwrap_or_default();
+    let name = app.name_any();
+    let api = Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns);
+    let patch = serde_json::json!({ "spec": { "replicas": app.spec.replicas } });
+    api.patch_scale(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::kube(format!("scaling StatefulSet {ns}/{name}")))?;
+    let from = live.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+    publish(
+        ctx,
+        app,
+        Notice {
+            warning: false,
+            reason: "Scaled",
+            note: format!(
+                "scaled from {from} to {} replicas (the rest of the spec is not rolled out: see the Degraded condition)",
+                app.spec.replicas
+            ),
+        },
+    )
+    .await;
+    api.get(&name)
+        .await
+        .map_err(Error::kube(format!("reading StatefulSet {ns}/{name}")))
 }
 
 /// Deletes the live StatefulSet, leaving its pods (and their volumes) running, so that it can
@@ -489,6 +531,53 @@ async fn write_status(ctx: &Context, app: &StreamApp, status: StreamAppStatus) -
             "applying the status of StreamApp {ns}/{name}"
         )))?;
     Ok(())
+}
+
+/// Removes the `status.pods` entries of pods that were scaled away (see
+/// [`crate::status::stale_pod_reports`]). The entries belong to the agents' field managers, so
+/// they are removed with a JSON patch that first tests each entry's name: an agent's write in
+/// between makes the patch fail instead of removing the wrong entry, and the next reconcile
+/// tries again.
+async fn prune_pod_reports(ctx: &Context, app: &StreamApp, pods: &[Pod]) -> Result<()> {
+    let existing: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let mut stale = crate::status::stale_pod_reports(app, &existing);
+    if stale.is_empty() {
+        return Ok(());
+    }
+    // Highest index first, so the earlier indices stay valid.
+    stale.sort_by(|a, b| b.0.cmp(&a.0));
+    let ops: Vec<serde_json::Value> = stale
+        .iter()
+        .flat_map(|(i, name)| {
+            [
+                serde_json::json!({ "op": "test", "path": format!("/status/pods/{i}/name"), "value": name }),
+                serde_json::json!({ "op": "remove", "path": format!("/status/pods/{i}") }),
+            ]
+        })
+        .collect();
+    let patch: json_patch::Patch =
+        serde_json::from_value(serde_json::Value::Array(ops)).expect("a valid JSON patch");
+    let ns = app.namespace().unwrap_or_default();
+    match Api::<StreamApp>::namespaced(ctx.client.clone(), &ns)
+        .patch_status(
+            &app.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            let names: Vec<&str> = stale.iter().map(|(_, n)| n.as_str()).collect();
+            info!(app = %app.name_any(), pods = ?names, "removed the reports of pods that were scaled away");
+            Ok(())
+        }
+        // The list changed under us (a `test` failed): the next reconcile looks again.
+        Err(kube::Error::Api(e)) if e.code == 422 || e.code == 409 => Ok(()),
+        Err(e) => Err(Error::kube(format!(
+            "removing stale status.pods entries of {ns}/{}",
+            app.name_any()
+        ))(e)),
+    }
 }
 
 /// Expands the claims that are smaller than the spec (see [`crate::storage`]).

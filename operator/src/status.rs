@@ -363,14 +363,53 @@ pub fn compute_status(
             .to_string(),
         ),
         worst_restore_lag: tasks().filter_map(|t| t.restore_lag).max(),
-        worst_checkpoint_age: tasks()
-            .filter_map(|t| t.checkpoint_age_seconds)
-            .max()
-            .map(|s| format_duration(Duration::from_secs(s.max(0) as u64))),
+        oldest_checkpoint: oldest_checkpoint(&reports),
         config_hash,
         conditions,
         pods: Vec::new(),
     }
+}
+
+/// When the store that committed least recently did: each report says how long ago, as of
+/// when it was written. A time, not an age, so `kubectl get` shows a current age.
+fn oldest_checkpoint(reports: &[&PodStateStatus]) -> Option<Time> {
+    reports
+        .iter()
+        .filter_map(|p| {
+            let at: Timestamp = p.reported_at.as_deref()?.parse().ok()?;
+            let age = p
+                .tasks
+                .iter()
+                .filter_map(|t| t.checkpoint_age_seconds)
+                .max()?;
+            at.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(age.max(0)))
+                .ok()
+        })
+        .min()
+        .map(Time)
+}
+
+/// Entries of `status.pods` to remove, with their index: those of pods beyond `spec.replicas`
+/// that no longer exist (scaled away; their agents wrote a last report and are gone). The
+/// entry of a pod that still runs, even one shutting down, stays.
+pub fn stale_pod_reports(app: &StreamApp, existing_pods: &[String]) -> Vec<(usize, String)> {
+    let prefix = format!("{}-", app.name_any());
+    let Some(status) = &app.status else {
+        return Vec::new();
+    };
+    status
+        .pods
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !existing_pods.contains(&p.name))
+        .filter(|(_, p)| {
+            p.name
+                .strip_prefix(&prefix)
+                .and_then(|ordinal| ordinal.parse::<i32>().ok())
+                .is_none_or(|ordinal| ordinal >= app.spec.replicas)
+        })
+        .map(|(i, p)| (i, p.name.clone()))
+        .collect()
 }
 
 /// The agents' reports of pods that should exist: `<name>-<ordinal>` below `spec.replicas`.

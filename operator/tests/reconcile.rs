@@ -381,7 +381,7 @@ async fn an_agents_pods_entry_written_with_its_own_field_manager_survives_operat
             "apiVersion": "streamapp.dev/v1alpha1",
             "kind": "StreamApp",
             "status": { "pods": [{
-                "name": "search-0", "phase": "Running", "processorUp": true, "ready": true,
+                "name": "search-0", "reportedAt": "2026-12-01T10:00:00Z", "phase": "Running", "processorUp": true, "ready": true,
                 "tasks": [{ "partition": 0, "restoreLag": 42, "checkpointAgeSeconds": 130, "opened": "Clean" }],
             }] },
         });
@@ -391,7 +391,11 @@ async fn an_agents_pods_entry_written_with_its_own_field_manager_survives_operat
             s.worst_restore_lag == Some(42)
         })
         .await;
-        assert_eq!(status.worst_checkpoint_age.as_deref(), Some("2m10s"));
+        assert_eq!(
+            status.oldest_checkpoint.as_ref().map(|t| t.0.to_string()).as_deref(),
+            Some("2026-12-01T09:57:50Z"),
+            "reported at 10:00:00 as committed 130 s before"
+        );
         assert_eq!(status.state_health.as_deref(), Some("Healthy"));
         assert_eq!(condition(&status, "StateHealthy").unwrap(), ("True".into(), "StoresHealthy".into()));
 
@@ -798,4 +802,84 @@ async fn a_statefulset_made_with_ordered_ready_is_replaced_without_restarting_it
     );
     operator.stop().await.expect("a clean stop");
     ns.delete().await;
+}
+
+#[tokio::test]
+async fn the_reports_of_pods_scaled_away_are_removed_from_the_status() {
+    with_operator("prune", |client, ns| async move {
+        create(&client, &ns, streamapp_json("search", 1)).await;
+        wait_for_status(&client, &ns, "search", "the operator's first status", |s| {
+            s.phase.is_some()
+        })
+        .await;
+        let api: Api<StreamApp> = Api::namespaced(client.clone(), &ns);
+        // Two agents report, each with its own field manager: search-0 (a pod that exists, on
+        // the fake node) and search-5 (a pod of an earlier, larger scale that is gone).
+        for pod in ["search-0", "search-5"] {
+            let entry = serde_json::json!({
+                "apiVersion": "streamapp.dev/v1alpha1", "kind": "StreamApp",
+                "status": { "pods": [{ "name": pod, "phase": "Running" }] },
+            });
+            api.patch_status(
+                "search",
+                &PatchParams::apply(&format!("streamapp-agent-{pod}")),
+                &Patch::Apply(&entry),
+            )
+            .await
+            .unwrap();
+        }
+        wait_for(Duration::from_secs(60), "pod search-0 to exist", || async {
+            Api::<Pod>::namespaced(client.clone(), &ns)
+                .get_opt("search-0")
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        })
+        .await;
+        let status = wait_for_status(&client, &ns, "search", "search-5's entry to go", |s| {
+            s.pods.iter().all(|p| p.name != "search-5")
+        })
+        .await;
+        assert_eq!(
+            status
+                .pods
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>(),
+            ["search-0"]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn kubectl_scale_still_works_while_a_rollout_is_blocked() {
+    with_operator("scale-blocked", |client, ns| async move {
+        create(&client, &ns, streamapp_json("billing", 1)).await;
+        statefulset(&client, &ns, "billing").await;
+        patch_spec(
+            &client,
+            &ns,
+            "billing",
+            serde_json::json!({ "image": "registry.example/streamapp:9.9", "resources": { "limits": { "memory": "256Mi" } } }),
+        )
+        .await;
+        wait_for_status(&client, &ns, "billing", "the blocked rollout", |s| {
+            condition(s, "Degraded").is_some_and(|c| c.1 == "MemoryBudgetExceeded")
+        })
+        .await;
+        let out = kubectl(&["scale", "streamapp", "billing", "--replicas=3", "-n", &ns], None);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        wait_for(Duration::from_secs(30), "the StatefulSet to scale to 3", || async {
+            statefulset(&client, &ns, "billing").await.spec.unwrap().replicas == Some(3)
+        })
+        .await;
+        assert_eq!(
+            processor_image(&statefulset(&client, &ns, "billing").await),
+            "registry.example/streamapp:1.0",
+            "the rest of the spec still waits for the memory budget"
+        );
+    })
+    .await;
 }

@@ -241,7 +241,7 @@ fn state_health_is_unknown_until_an_agent_reports() {
 }
 
 #[test]
-fn healthy_reports_give_the_worst_lag_and_checkpoint_age() {
+fn healthy_reports_give_the_worst_lag_and_the_oldest_checkpoint() {
     let task = |partition, lag, age| TaskStateStatus {
         partition,
         restore_lag: Some(lag),
@@ -253,19 +253,29 @@ fn healthy_reports_give_the_worst_lag_and_checkpoint_age() {
         app(),
         StreamAppStatus {
             pods: vec![
-                report(
-                    "orders-0",
-                    "Running",
-                    vec![task(0, 12, 3), task(1, 40, 130)],
-                ),
-                report("orders-1", "Running", vec![task(2, 7, 1)]),
+                PodStateStatus {
+                    reported_at: Some("2026-01-01T11:59:50Z".into()),
+                    ..report(
+                        "orders-0",
+                        "Running",
+                        vec![task(0, 12, 3), task(1, 40, 130)],
+                    )
+                },
+                PodStateStatus {
+                    reported_at: Some("2026-01-01T11:59:59Z".into()),
+                    ..report("orders-1", "Running", vec![task(2, 7, 1)])
+                },
             ],
             ..Default::default()
         },
     );
     let status = status_of(&app, Some(&steady(3)), &Findings::default(), now());
     assert_eq!(status.worst_restore_lag, Some(40));
-    assert_eq!(status.worst_checkpoint_age.as_deref(), Some("2m10s"));
+    // orders-0 reported at 11:59:50 that partition 1 last committed 130 s before.
+    assert_eq!(
+        status.oldest_checkpoint,
+        Some(Time("2026-01-01T11:57:40Z".parse().unwrap()))
+    );
     assert_eq!(status.state_health.as_deref(), Some("Healthy"));
     let state = cond(&status, "StateHealthy");
     assert_eq!(
@@ -470,5 +480,27 @@ fn an_oom_killed_container_makes_the_streamapp_degraded_even_when_all_pods_are_r
         cond(&status, "Ready").status,
         "True",
         "the pods are ready again"
+    );
+}
+
+#[test]
+fn reports_of_pods_scaled_away_are_stale_once_the_pods_are_gone() {
+    let mut app = app();
+    app.spec.replicas = 2;
+    let app = with_status(
+        app,
+        StreamAppStatus {
+            pods: ["orders-0", "orders-1", "orders-2", "orders-3", "other-0"]
+                .into_iter()
+                .map(|n| report(n, "Running", vec![]))
+                .collect(),
+            ..Default::default()
+        },
+    );
+    // orders-3 is still shutting down; orders-2 and other-0 are gone.
+    let existing = ["orders-0", "orders-1", "orders-3"].map(String::from);
+    assert_eq!(
+        stale_pod_reports(&app, &existing),
+        [(2, "orders-2".to_string()), (4, "other-0".to_string())]
     );
 }
