@@ -54,8 +54,8 @@ use crate::config::{RocksDbTuning, Topology};
     printcolumn(
         name = "Lag",
         type_ = "integer",
-        json_path = ".status.worstRestoreLag",
-        description = "Largest changelog lag any store would replay after a crash"
+        json_path = ".status.lag",
+        description = "Input records not processed yet (the consumer group's lag)"
     ),
     printcolumn(
         name = "Checkpoint",
@@ -78,6 +78,20 @@ use crate::config::{RocksDbTuning, Topology};
         name = "Input",
         type_ = "string",
         json_path = ".spec.topology.inputTopic",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Behind",
+        type_ = "string",
+        json_path = ".status.lagSeconds",
+        description = "About how many seconds the lag takes to process at the recent rate",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Restore-Lag",
+        type_ = "integer",
+        json_path = ".status.worstRestoreLag",
+        description = "Largest changelog lag any store would replay after a crash",
         priority = 1
     ),
     printcolumn(
@@ -130,6 +144,21 @@ pub struct StreamAppSpec {
     /// The state-health agent sidecar.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentSpec>,
+    /// What deleting the StreamApp leaves in Kafka. `Retain` (default): the consumer group and
+    /// the internal topics (changelog, repartition) stay, so a StreamApp created again under
+    /// the same name resumes where this one stopped. `Delete`: the pods are stopped and the
+    /// group and internal topics deleted before the StreamApp goes (a finalizer; given up after
+    /// 5 minutes, with a Warning event, so deletion never blocks for ever). Transactional ids
+    /// cannot be deleted; the broker expires them (transactional.id.expiration.ms).
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum DeletionPolicy {
+    #[default]
+    Retain,
+    Delete,
 }
 
 pub fn default_replicas() -> i32 {
@@ -379,6 +408,23 @@ pub struct StreamAppStatus {
     /// its age.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oldest_checkpoint: Option<Time>,
+    /// The consumer group the pods commit their input offsets in (the application id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer_group: Option<String>,
+    /// Input records not processed yet: the input's end offsets minus the group's committed
+    /// offsets, as the operator last read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<i64>,
+    /// About how long the lag takes to process at the rate of the last minutes, in seconds;
+    /// unset while the group makes no progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<i64>,
+    /// Partitions of the input topic, as the operator last read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_partitions: Option<i32>,
+    /// The application reset asked for with the `streamapp.dev/reset` annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset: Option<ResetStatus>,
     /// Hash of the processor configuration the pods run with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_hash: Option<String>,
@@ -390,6 +436,22 @@ pub struct StreamAppStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub pods: Vec<PodStateStatus>,
+}
+
+/// An application reset, from request to done.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResetStatus {
+    /// The annotation's value this reset is for (`earliest`, `latest` or an RFC 3339 time).
+    pub request: String,
+    /// StoppingPods, ResettingOffsets, ClearingState, StartingPods, Done or Failed.
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
 }
 
 /// A pod's state health, as its agent last saw it.

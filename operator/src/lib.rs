@@ -8,6 +8,10 @@
 //!   owned objects, all marked by [`owned`].
 //! - [`preflight`]: what CEL cannot check (configuration, memory budget); blocks rollouts.
 //! - [`storage`]: growing volumes that StatefulSets cannot grow.
+//! - [`reset`], [`cleanup`]: the application reset and the cleanup after deletion, as state
+//!   machines.
+//! - [`kafka`]: the StreamApp's topics and consumer group, seen with its own credentials; the
+//!   admin operations of reset and cleanup.
 //! - [`pod_health`]: what the kubelet reports about pods that cannot start or were OOM-killed.
 //! - [`secrets`]: the Secrets the pods read, hashed into the pod template.
 //! - [`rollout`]: rollouts that cannot get stuck; replacing a StatefulSet whose immutable
@@ -17,11 +21,13 @@
 //! - [`cli`]: flags and the program's entry point; [`run`]: the operator as a library call
 //!   (the integration tests run it in-process).
 
+pub mod cleanup;
 pub mod cli;
 pub mod crd_yaml;
 pub mod disruption_budget;
 pub mod error;
 pub mod events;
+pub mod kafka;
 pub mod leader;
 pub mod metrics;
 pub mod owned;
@@ -30,6 +36,7 @@ pub mod preflight;
 pub mod processor_config;
 pub mod rbac;
 pub mod reconcile;
+pub mod reset;
 pub mod rollout;
 pub mod secrets;
 pub mod service;

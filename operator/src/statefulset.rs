@@ -190,6 +190,14 @@ pub fn desired_statefulset(
     }
 }
 
+/// Runs `replicas` pods instead of `spec.replicas` (capped at the input's partitions, or 0 while
+/// a reset stops the pods).
+pub fn set_replicas(sts: &mut StatefulSet, replicas: i32) {
+    if let Some(spec) = sts.spec.as_mut() {
+        spec.replicas = Some(replicas);
+    }
+}
+
 /// Claim templates of a StatefulSet cannot change. Keeps the live object's requested sizes in
 /// `desired`, so applying it succeeds after `storage.size` grew; the claims themselves are
 /// expanded directly (see `storage`).

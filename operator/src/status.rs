@@ -58,7 +58,36 @@ pub struct Findings {
     pub pods: Vec<PodProblem>,
     /// The `streamapp.dev/paused` annotation is set: nothing was applied.
     pub paused: bool,
+    /// What the operator saw of the StreamApp's Kafka.
+    pub kafka: KafkaFinding,
+    /// The pods the operator runs when that is not `spec.replicas`: capped at the input's
+    /// partitions, or 0 while a reset stops them.
+    pub effective_replicas: Option<i32>,
+    /// The reset in progress or last done (see `reset`).
+    pub reset: Option<streamapp_api::crd::ResetStatus>,
 }
+
+/// What the operator saw of a StreamApp's Kafka (see [`crate::kafka`]).
+#[derive(Clone, Debug, Default)]
+pub enum KafkaFinding {
+    /// Not looked at this time (paused).
+    #[default]
+    NotChecked,
+    /// The brokers did not answer, or the credentials are missing: the message says which.
+    Unreachable(String),
+    Seen {
+        problems: Vec<crate::kafka::TopicProblem>,
+        input_partitions: Option<usize>,
+        lag: Option<i64>,
+        lag_seconds: Option<i64>,
+    },
+}
+
+pub const TOPICS_READY: &str = "TopicsReady";
+pub const REPLICAS_CAPPED: &str = "ReplicasCapped";
+pub const TOPIC_MISSING: &str = "TopicMissing";
+pub const INPUT_PARTITIONS_CHANGED: &str = "InputPartitionsChanged";
+pub const KAFKA_UNREACHABLE: &str = "KafkaUnreachable";
 
 /// Counts of the StatefulSet that the status is made of.
 struct Workload {
@@ -99,7 +128,7 @@ pub fn compute_status(
 ) -> StreamAppStatus {
     let previous = app.status.clone().unwrap_or_default();
     let generation = app.metadata.generation;
-    let desired = app.spec.replicas;
+    let desired = findings.effective_replicas.unwrap_or(app.spec.replicas);
     let workload = sts.map(|s| workload(s, desired));
     let (pods, ready) = workload.as_ref().map_or((0, 0), |w| (w.pods, w.ready));
     let rolling = workload
@@ -132,12 +161,16 @@ pub fn compute_status(
     };
     let not_starting = describe(|p| !matches!(p, PodProblem::OomKilled { .. }));
     let oom_killed = describe(|p| matches!(p, PodProblem::OomKilled { .. }));
+    let topics = topics_condition(&findings.kafka);
+    let topic_trouble = (topics.0 == "False").then(|| (topics.1.to_string(), topics.2.clone()));
 
     // Degraded, by priority.
     let degraded: Option<(String, String)> = if let Some(b) = &findings.blocker {
         Some((b.reason.to_string(), b.message.clone()))
     } else if let StorageFinding::NotExpandable(message) = &findings.storage {
         Some((STORAGE_NOT_EXPANDABLE.to_string(), message.clone()))
+    } else if let Some(trouble) = &topic_trouble {
+        Some(trouble.clone())
     } else if let Some(message) = &not_starting {
         Some((PODS_NOT_STARTING.to_string(), message.clone()))
     } else if let Some(message) = &oom_killed {
@@ -306,6 +339,35 @@ pub fn compute_status(
             generation,
             now,
         ),
+        condition(
+            &previous,
+            TOPICS_READY,
+            topics.0,
+            topics.1,
+            topics.2.clone(),
+            generation,
+            now,
+        ),
+        match capped(app, findings) {
+            Some(message) => condition(
+                &previous,
+                REPLICAS_CAPPED,
+                "True",
+                "MorePodsThanPartitions",
+                message,
+                generation,
+                now,
+            ),
+            None => condition(
+                &previous,
+                REPLICAS_CAPPED,
+                "False",
+                "AsRequested",
+                String::new(),
+                generation,
+                now,
+            ),
+        },
         if findings.paused {
             condition(
                 &previous,
@@ -347,8 +409,28 @@ pub fn compute_status(
         })
         .or_else(|| findings.desired_config_hash.clone());
 
+    let (lag, lag_seconds, input_partitions) = match &findings.kafka {
+        KafkaFinding::Seen {
+            lag,
+            lag_seconds,
+            input_partitions,
+            ..
+        } => (*lag, *lag_seconds, input_partitions.map(|p| p as i32)),
+        // Not seen this time: the last values stand (TopicsReady says why they may be stale).
+        _ => (
+            previous.lag,
+            previous.lag_seconds,
+            previous.input_partitions,
+        ),
+    };
+
     StreamAppStatus {
         observed_generation: generation,
+        consumer_group: Some(crate::processor_config::application_id(app)),
+        lag,
+        lag_seconds,
+        input_partitions,
+        reset: findings.reset.clone().or_else(|| previous.reset.clone()),
         phase: Some(phase.to_string()),
         replicas: Some(pods),
         ready_replicas: Some(ready),
@@ -368,6 +450,53 @@ pub fn compute_status(
         conditions,
         pods: Vec::new(),
     }
+}
+
+/// The TopicsReady condition: (status, reason, message).
+fn topics_condition(kafka: &KafkaFinding) -> (&'static str, &'static str, String) {
+    match kafka {
+        KafkaFinding::NotChecked => (
+            "Unknown",
+            "NotChecked",
+            "the topics were not checked".into(),
+        ),
+        KafkaFinding::Unreachable(why) => ("Unknown", KAFKA_UNREACHABLE, why.clone()),
+        KafkaFinding::Seen { problems, .. } if problems.is_empty() => (
+            "True",
+            "TopicsFound",
+            "every topic exists with the expected partitions".into(),
+        ),
+        KafkaFinding::Seen { problems, .. } => {
+            let reason = if problems
+                .iter()
+                .any(|p| matches!(p, crate::kafka::TopicProblem::InputPartitionsChanged { .. }))
+            {
+                INPUT_PARTITIONS_CHANGED
+            } else {
+                TOPIC_MISSING
+            };
+            let messages: Vec<String> = problems.iter().map(|p| p.describe()).collect();
+            ("False", reason, messages.join("; "))
+        }
+    }
+}
+
+/// Why fewer pods run than `spec.replicas` asks for, when the input's partitions cap them.
+fn capped(app: &StreamApp, findings: &Findings) -> Option<String> {
+    let KafkaFinding::Seen {
+        input_partitions: Some(partitions),
+        ..
+    } = &findings.kafka
+    else {
+        return None;
+    };
+    (app.spec.replicas > *partitions as i32).then(|| {
+        format!(
+            "spec.replicas is {} but input topic {} has {partitions} partitions: a pod beyond that would own no \
+             partition, so {partitions} pods run",
+            app.spec.replicas, app.spec.topology.input_topic
+        )
+    })
 }
 
 /// When the store that committed least recently did: each report says how long ago, as of
