@@ -20,6 +20,11 @@ Cluster-wide by default; a Role in watchNamespace when it watches one namespace.
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: {{ toJson $manage }}
+# Replicas alone (scaling while the rest of a spec waits, stopping the pods for a reset or a
+# cleanup) go through the scale subresource.
+- apiGroups: ["apps"]
+  resources: ["statefulsets/scale"]
+  verbs: ["get", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps", "serviceaccounts"]
   verbs: {{ toJson $manage }}
@@ -32,10 +37,11 @@ Cluster-wide by default; a Role in watchNamespace when it watches one namespace.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: {{ toJson $manage }}
-# Volumes grow by patching the claims (StatefulSets cannot change their templates).
+# Volumes grow by patching the claims (StatefulSets cannot change their templates); a reset
+# deletes them (the pods start again on empty volumes).
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]

@@ -223,3 +223,15 @@ pub fn wait_for_group_caught_up(group: &str, topic: &str, timeout: Duration) {
         std::thread::sleep(Duration::from_millis(250));
     }
 }
+
+/// Whether `topic` exists (its metadata lists partitions).
+pub fn topic_exists(topic: &str) -> bool {
+    let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("topic metadata");
+    metadata
+        .topics()
+        .iter()
+        .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+}

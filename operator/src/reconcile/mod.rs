@@ -47,6 +47,8 @@ use objects::*;
 
 /// Requeue after a successful reconcile: a safety net, watches trigger the real work.
 pub const REQUEUE: Duration = Duration::from_secs(5 * 60);
+/// Requeue while a topic is missing or the brokers do not answer.
+pub const REQUEUE_WHILE_KAFKA_TROUBLE: Duration = Duration::from_secs(15);
 /// Changes that arrive within this of each other are reconciled once.
 pub const DEBOUNCE: Duration = Duration::from_millis(500);
 /// First retry after a failed reconcile; it doubles with each failure up to [`RETRY_MAX`].
@@ -408,6 +410,8 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         effective_replicas: (replicas != app.spec.replicas).then_some(replicas),
         reset: reset_status,
     };
+    let kafka_trouble =
+        !matches!(&findings.kafka, KafkaFinding::Seen { problems, .. } if problems.is_empty());
     let status = compute_status(app, sts.as_ref(), &findings, now);
     for notice in notices {
         publish(ctx, app, notice).await;
@@ -416,7 +420,9 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
     prune_pod_reports(ctx, app, &pods).await?;
     Ok(match reset_plan.action {
         // A reset waits for pods, the group and Kafka: look again soon.
-        reset::Action::None => Action::requeue(REQUEUE),
+        reset::Action::None if !kafka_trouble => Action::requeue(REQUEUE),
+        // Nothing watches Kafka: a missing topic created later, a broker back, is seen then.
+        reset::Action::None => Action::requeue(REQUEUE_WHILE_KAFKA_TROUBLE),
         _ => Action::requeue(Duration::from_secs(2)),
     })
 }
