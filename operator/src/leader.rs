@@ -23,6 +23,8 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use std::sync::Arc;
 
 /// Name of the Lease the operator replicas compete for.
 pub const LEASE_NAME: &str = "streamapp-operator";
@@ -84,15 +86,18 @@ impl Record {
 pub struct Elector {
     api: Api<Lease>,
     settings: LeaseSettings,
+    /// Each attempt is a liveness beat.
+    metrics: Arc<Metrics>,
     /// The lease record last seen and when (on this clock) it was first seen.
     observed: Option<(Record, Instant)>,
 }
 
 impl Elector {
-    pub fn new(client: Client, settings: LeaseSettings) -> Self {
+    pub fn new(client: Client, settings: LeaseSettings, metrics: Arc<Metrics>) -> Self {
         Elector {
             api: Api::namespaced(client, &settings.namespace),
             settings,
+            metrics,
             observed: None,
         }
     }
@@ -196,6 +201,7 @@ impl Elector {
 
     /// One round: Ok(true) when this candidate holds the lease afterwards.
     async fn try_acquire_or_renew(&mut self) -> Result<bool> {
+        self.metrics.probes.beat();
         let now = MicroTime(Timestamp::now());
         let me = self.settings.identity.clone();
         let duration_secs =

@@ -105,17 +105,29 @@ async fn lead(
     let controller = reconcile::run_controller(ctx, settings.namespace.clone());
     let Some(lease) = settings.leader_election else {
         metrics.leader.set(1);
+        // No election loop to watch: liveness is the process answering.
+        let beats = metrics.clone();
+        let heartbeat = async move {
+            loop {
+                beats.probes.beat();
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+        };
         tokio::select! {
             _ = controller => {}
+            _ = heartbeat => {}
             _ = &mut shutdown => info!("shutting down"),
         }
         return Ok(());
     };
-    let mut elector = Elector::new(client, lease);
+    let mut elector = Elector::new(client, lease, metrics.clone());
+    // A follower is ready: it serves metrics and takes over when the leader goes.
+    metrics.probes.set_ready(true);
     tokio::select! {
         _ = elector.acquire() => {}
         _ = &mut shutdown => return Ok(()),
     }
+    metrics.probes.set_ready(false);
     metrics.leader.set(1);
     let result = tokio::select! {
         _ = controller => Ok(()),

@@ -1,5 +1,5 @@
-//! Prometheus metrics (prefix `streamapp_operator`) and the HTTP server for `/metrics` and
-//! `/healthz`.
+//! Prometheus metrics (prefix `streamapp_operator`) and the HTTP server for `/metrics`,
+//! `/healthz` (liveness) and `/readyz` (readiness).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,6 +37,46 @@ pub struct Metrics {
     pub duration: Histogram,
     /// 1 while this instance holds the leader lease (or runs without election).
     pub leader: Gauge,
+    /// Liveness and readiness, for the probes.
+    pub probes: Probes,
+}
+
+/// What the probes answer. Live: the election loop (leader renewing or follower retrying)
+/// made an attempt recently, so it is not wedged. Ready: a follower waiting for the lease (it
+/// serves metrics and is ready to take over), or a leader whose StreamApp cache is synced.
+pub struct Probes {
+    ready: std::sync::atomic::AtomicBool,
+    last_beat: std::sync::Mutex<Instant>,
+}
+
+/// A wedged election loop is one that made no attempt for this long.
+pub const LIVENESS_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Default for Probes {
+    fn default() -> Self {
+        Probes {
+            ready: Default::default(),
+            last_beat: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+}
+
+impl Probes {
+    pub fn beat(&self) {
+        *self.last_beat.lock().unwrap() = Instant::now();
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.last_beat.lock().unwrap().elapsed() < LIVENESS_WINDOW
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl Default for Metrics {
@@ -72,6 +112,7 @@ impl Default for Metrics {
             failures,
             duration,
             leader,
+            probes: Probes::default(),
         }
     }
 }
@@ -132,9 +173,32 @@ pub async fn serve(
         .map_err(|source| Error::MetricsServer { port, source })?;
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .with_state(metrics);
     Ok((addr, async move { axum::serve(listener, app).await }))
+}
+
+async fn healthz(State(metrics): State<Arc<Metrics>>) -> (axum::http::StatusCode, &'static str) {
+    if metrics.probes.is_live() {
+        (axum::http::StatusCode::OK, "ok")
+    } else {
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "the leader election loop made no attempt for a minute",
+        )
+    }
+}
+
+async fn readyz(State(metrics): State<Arc<Metrics>>) -> (axum::http::StatusCode, &'static str) {
+    if metrics.probes.is_ready() {
+        (axum::http::StatusCode::OK, "ready")
+    } else {
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "starting: the StreamApp cache is not synced yet",
+        )
+    }
 }
 
 async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {

@@ -96,6 +96,11 @@ async fn the_binary_reconciles_its_namespace_and_serves_metrics_and_health() {
 
     let base = format!("http://127.0.0.1:{port}");
     assert_eq!(get(&format!("{base}/healthz")).await.as_deref(), Some("ok"));
+    // It leads (no election) and its StreamApp cache is synced: it reconciled one.
+    assert_eq!(
+        get(&format!("{base}/readyz")).await.as_deref(),
+        Some("ready")
+    );
     let metrics = eventually(
         Duration::from_secs(10),
         "reconciliations in /metrics",

@@ -145,16 +145,18 @@ fn namespaced_permissions() -> Vec<Permission> {
         ("streamapp.dev", "streamapps", "get"),
         ("streamapp.dev", "streamapps", "list"),
         ("streamapp.dev", "streamapps", "watch"),
+        ("streamapp.dev", "streamapps", "patch"),
         ("streamapp.dev", "streamapps/status", "get"),
         ("streamapp.dev", "streamapps/status", "patch"),
         ("streamapp.dev", "streamapps/finalizers", "update"),
+        ("apps", "statefulsets", "delete"),
+        ("apps", "statefulsets/scale", "patch"),
+        ("", "configmaps", "delete"),
         ("", "persistentvolumeclaims", "get"),
         ("", "persistentvolumeclaims", "list"),
         ("", "persistentvolumeclaims", "watch"),
         ("", "persistentvolumeclaims", "patch"),
         ("", "persistentvolumeclaims", "delete"),
-        ("apps", "statefulsets/scale", "get"),
-        ("apps", "statefulsets/scale", "patch"),
         ("", "pods", "get"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
@@ -175,13 +177,39 @@ fn namespaced_permissions() -> Vec<Permission> {
         ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io", "rolebindings"),
     ] {
-        for verb in [
-            "get", "list", "watch", "create", "patch", "update", "delete",
-        ] {
+        for verb in ["get", "list", "watch", "create", "patch"] {
             needed.push((group, resource, verb));
         }
     }
     needed
+}
+
+/// Every permission the rules grant is one the operator uses (`needed`): no verb it never
+/// calls.
+fn assert_grants_only(role: &Value, needed: &[Permission]) {
+    for rule in role["rules"].as_array().expect("rules") {
+        let strings = |field: &str| -> Vec<String> {
+            rule[field]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect()
+        };
+        for group in strings("apiGroups") {
+            for resource in strings("resources") {
+                for verb in strings("verbs") {
+                    assert!(
+                        needed
+                            .iter()
+                            .any(|(g, r, v)| *g == group && *r == resource && *v == verb),
+                        "{} grants {verb} on {group}/{resource}, which the operator never uses",
+                        name(role)
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Whether a Role or ClusterRole's rules allow `permission` (without resourceNames).
@@ -455,6 +483,11 @@ async fn default_values_render_least_privilege_manifests_the_api_server_accepts(
     // Cluster-wide by default: one ClusterRole with everything, no wildcard.
     let cluster_role = only(&docs, "ClusterRole");
     assert_least_privilege(cluster_role);
+    let cluster_needed: Vec<Permission> = namespaced_permissions()
+        .into_iter()
+        .chain([("storage.k8s.io", "storageclasses", "get")])
+        .collect();
+    assert_grants_only(cluster_role, &cluster_needed);
     for permission in
         namespaced_permissions()
             .into_iter()
@@ -498,8 +531,8 @@ async fn default_values_render_least_privilege_manifests_the_api_server_accepts(
         "metadata.namespace"
     );
     assert!(env.iter().any(|e| e["name"] == "RUST_LOG"));
-    for probe in ["livenessProbe", "readinessProbe"] {
-        assert_eq!(container[probe]["httpGet"]["path"], "/healthz");
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(container[probe]["httpGet"]["path"], path, "{probe}");
         assert_eq!(container[probe]["httpGet"]["port"], "metrics");
     }
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
@@ -512,8 +545,30 @@ async fn default_values_render_least_privilege_manifests_the_api_server_accepts(
     assert_eq!(security["allowPrivilegeEscalation"], false);
     assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
 
+    assert!(
+        !docs.iter().any(|d| kind(d) == "PodDisruptionBudget"),
+        "one replica: no disruption budget (it would block every node drain)"
+    );
     let all: Vec<&Value> = docs.iter().collect();
     assert_api_server_accepts(&all);
+
+    // Several replicas without an affinity of the user's: they prefer different nodes.
+    let rendered = render("ha", &ns.name, &["--set", "replicas=3"]).await;
+    let docs = documents(&rendered);
+    let deployment = only(&docs, "Deployment");
+    let term = &deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        [0]["podAffinityTerm"];
+    assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+    let anti: BTreeMap<String, String> =
+        serde_json::from_value(term["labelSelector"]["matchLabels"].clone()).unwrap();
+    assert!(is_subset(
+        &anti,
+        &labels_of(&deployment["spec"]["template"])
+    ));
+    assert_eq!(
+        only(&docs, "PodDisruptionBudget")["spec"]["maxUnavailable"],
+        1
+    );
     ns.delete().await;
 }
 
@@ -561,6 +616,7 @@ async fn every_optional_feature_renders_and_each_document_checks_out() {
         .expect("a Role for the watched namespace");
     assert_eq!(operator_role["metadata"]["namespace"], ns.name.as_str());
     assert_least_privilege(operator_role);
+    assert_grants_only(operator_role, &namespaced_permissions());
     for permission in namespaced_permissions() {
         assert!(
             rules_allow(operator_role, permission),
@@ -569,6 +625,25 @@ async fn every_optional_feature_renders_and_each_document_checks_out() {
     }
     let deployment = only(&docs, "Deployment");
     assert_eq!(deployment["spec"]["replicas"], 2);
+    // Two replicas: a disruption budget that keeps one, over the operator's own pods.
+    let pod_labels = labels_of(&deployment["spec"]["template"]);
+    let pdb = only(&docs, "PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert!(is_subset(&selector_labels(pdb), &pod_labels), "{pdb}");
+    let policy = only(&docs, "NetworkPolicy");
+    let policy_selector: BTreeMap<String, String> =
+        serde_json::from_value(policy["spec"]["podSelector"]["matchLabels"].clone()).unwrap();
+    assert!(is_subset(&policy_selector, &pod_labels), "{policy}");
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
+    let ingress = &policy["spec"]["ingress"][0];
+    assert_eq!(ingress["ports"][0]["port"], "metrics");
+    assert_eq!(
+        ingress["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
     let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     assert!(args.contains(&format!("--namespace={}", ns.name)), "{args}");
     assert!(args.contains("--log-format=json"), "{args}");

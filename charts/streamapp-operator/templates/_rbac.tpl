@@ -3,40 +3,45 @@ What the operator does with StreamApps and the objects it owns (operator/src/rec
 Cluster-wide by default; a Role in watchNamespace when it watches one namespace.
 */}}
 {{- define "streamapp-operator.rules" -}}
-{{- $manage := list "get" "list" "watch" "create" "patch" "update" "delete" -}}
-# Its own resource. patch/update are not used today but are harmless on a resource it owns.
+{{- $owned := list "get" "list" "watch" "create" "patch" -}}
+# Its own resource: watched, and patched for its cleanup finalizer.
 - apiGroups: ["streamapp.dev"]
   resources: ["streamapps"]
-  verbs: ["get", "list", "watch", "patch", "update"]
-# The aggregate status, applied server-side.
+  verbs: ["get", "list", "watch", "patch"]
+# The aggregate status, applied server-side; stale pod entries removed with a JSON patch.
 - apiGroups: ["streamapp.dev"]
   resources: ["streamapps/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["get", "patch"]
 # Owner references with blockOwnerDeletion need update on the owner's finalizers.
 - apiGroups: ["streamapp.dev"]
   resources: ["streamapps/finalizers"]
   verbs: ["update"]
-# The owned objects.
+# The owned objects, applied server-side (patch, and create for the first apply). The garbage
+# collector deletes them with their StreamApp; the operator itself only deletes a StatefulSet it
+# must replace (an immutable field changed) and configuration ConfigMaps no pod uses.
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: {{ toJson $manage }}
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services", "serviceaccounts"]
+  verbs: {{ toJson $owned }}
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: {{ toJson $owned }}
 # Replicas alone (scaling while the rest of a spec waits, stopping the pods for a reset or a
 # cleanup) go through the scale subresource.
 - apiGroups: ["apps"]
   resources: ["statefulsets/scale"]
-  verbs: ["get", "patch"]
-- apiGroups: [""]
-  resources: ["services", "configmaps", "serviceaccounts"]
-  verbs: {{ toJson $manage }}
-- apiGroups: ["policy"]
-  resources: ["poddisruptionbudgets"]
-  verbs: {{ toJson $manage }}
+  verbs: ["patch"]
 # The agent's Role and RoleBinding. RBAC lets the operator grant only what it holds itself,
 # and it does hold everything the agent Role grants (see operator/src/rbac.rs): get
 # streamapps, get/patch streamapps/status, create/patch events. No bind or escalate.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: {{ toJson $manage }}
+  verbs: {{ toJson $owned }}
 # Volumes grow by patching the claims (StatefulSets cannot change their templates); a reset
 # deletes them (the pods start again on empty volumes).
 - apiGroups: [""]
@@ -59,5 +64,5 @@ Cluster-wide by default; a Role in watchNamespace when it watches one namespace.
 {{- define "streamapp-operator.clusterRules" -}}
 - apiGroups: ["storage.k8s.io"]
   resources: ["storageclasses"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get"]
 {{- end }}

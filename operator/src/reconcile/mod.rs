@@ -142,6 +142,23 @@ pub async fn run_controller(ctx: Arc<Context>, namespace: Option<String>) {
     }
     let controller = Controller::new(api::<StreamApp>(&client, ns), watcher::Config::default());
     let apps = controller.store();
+    // Ready once the StreamApps are all in the cache: reconciles see the whole picture.
+    let synced = apps.clone();
+    let metrics = ctx.metrics.clone();
+    tokio::spawn(async move {
+        // Asked again every second: a wait that starts before the first list is done was seen
+        // not to wake up (kube-runtime 5); once the store is ready the call returns at once.
+        loop {
+            match tokio::time::timeout(Duration::from_secs(1), synced.wait_until_ready()).await {
+                Ok(Ok(())) => {
+                    metrics.probes.set_ready(true);
+                    break;
+                }
+                Ok(Err(_)) => break,
+                Err(_) => {}
+            }
+        }
+    });
     controller
         .owns_stream(meta::<StatefulSet>(&client, ns, owned()))
         .owns_stream(meta::<Service>(&client, ns, owned()))
