@@ -144,6 +144,10 @@ pub struct StreamAppSpec {
     /// The state-health agent sidecar.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentSpec>,
+    /// Voluntary disruptions (node drains, cluster upgrades) take at most this many pods at
+    /// once, so at most that many restore their stores while the others keep processing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption_budget: Option<DisruptionBudgetSpec>,
     /// What deleting the StreamApp leaves in Kafka. `Retain` (default): the consumer group and
     /// the internal topics (changelog, repartition) stay, so a StreamApp created again under
     /// the same name resumes where this one stopped. `Delete`: the pods are stopped and the
@@ -152,6 +156,18 @@ pub struct StreamAppSpec {
     /// cannot be deleted; the broker expires them (transactional.id.expiration.ms).
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionBudgetSpec {
+    /// Pods a voluntary disruption may take down at once: a number or a percentage.
+    #[serde(default = "default_max_unavailable")]
+    pub max_unavailable: k8s_openapi::apimachinery::pkg::util::intstr::IntOrString,
+}
+
+pub fn default_max_unavailable() -> k8s_openapi::apimachinery::pkg::util::intstr::IntOrString {
+    k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -343,8 +359,11 @@ pub struct PodOverrides {
     pub tolerations: Vec<Toleration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// How the pods spread over the cluster. Unset: across zones and nodes as evenly as the
+    /// scheduler can (`ScheduleAnyway`, so a small cluster still runs every pod); `[]`: no
+    /// constraint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,
     /// Service account of the pods. By default the operator creates `<name>-agent`, allowed
     /// only to report this StreamApp's status.
     #[serde(default, skip_serializing_if = "Option::is_none")]

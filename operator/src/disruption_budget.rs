@@ -1,19 +1,25 @@
-//! The PodDisruptionBudget `<name>`: voluntary disruptions (node drains) take one pod at a
-//! time, so at most one pod restores its stores while the others keep processing.
+//! The PodDisruptionBudget `<name>`: voluntary disruptions (node drains) take at most
+//! `spec.disruptionBudget.maxUnavailable` pods (default one) at a time, so at most that many
+//! restore their stores while the others keep processing.
 
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use streamapp_api::crd::StreamApp;
+use streamapp_api::crd::{StreamApp, default_max_unavailable};
 
 use crate::owned;
 
-/// `maxUnavailable: 1` over the StreamApp's pods.
+/// `maxUnavailable` (default 1) over the StreamApp's pods.
 pub fn desired_disruption_budget(app: &StreamApp) -> PodDisruptionBudget {
+    let max_unavailable = app
+        .spec
+        .disruption_budget
+        .as_ref()
+        .map(|budget| budget.max_unavailable.clone())
+        .unwrap_or_else(default_max_unavailable);
     PodDisruptionBudget {
         metadata: owned::metadata(app, owned::workload_name(app)),
         spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(1)),
+            max_unavailable: Some(max_unavailable),
             selector: Some(LabelSelector {
                 match_labels: Some(owned::selector_labels(app)),
                 ..Default::default()
@@ -28,6 +34,8 @@ pub fn desired_disruption_budget(app: &StreamApp) -> PodDisruptionBudget {
 mod tests {
     use super::*;
     use crate::testing::app;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use streamapp_api::crd::DisruptionBudgetSpec;
 
     #[test]
     fn disruption_budget_allows_one_pod_down_at_a_time() {
@@ -38,6 +46,19 @@ mod tests {
         assert_eq!(
             spec.selector.unwrap().match_labels.unwrap()["streamapp.dev/app"],
             "orders"
+        );
+    }
+
+    #[test]
+    fn disruption_budget_follows_the_spec() {
+        let mut app = app();
+        app.spec.disruption_budget = Some(DisruptionBudgetSpec {
+            max_unavailable: IntOrString::String("25%".into()),
+        });
+        let spec = desired_disruption_budget(&app).spec.unwrap();
+        assert_eq!(
+            spec.max_unavailable,
+            Some(IntOrString::String("25%".into()))
         );
     }
 }

@@ -15,8 +15,8 @@ use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
     ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec,
-    Probe, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext, Volume,
-    VolumeMount, VolumeResourceRequirements,
+    Probe, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
+    TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -177,7 +177,10 @@ pub fn desired_statefulset(
                     node_selector: non_empty(pod.node_selector),
                     tolerations: non_empty_vec(pod.tolerations),
                     affinity: pod.affinity,
-                    topology_spread_constraints: non_empty_vec(pod.topology_spread_constraints),
+                    topology_spread_constraints: topology_spread(
+                        app,
+                        pod.topology_spread_constraints,
+                    ),
                     image_pull_secrets: non_empty_vec(pod.image_pull_secrets),
                     priority_class_name: pod.priority_class_name,
                     ..Default::default()
@@ -480,6 +483,31 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 
 fn non_empty<K, V>(map: BTreeMap<K, V>) -> Option<BTreeMap<K, V>> {
     (!map.is_empty()).then_some(map)
+}
+
+/// The user's spread constraints, or by default an even spread across zones and nodes that the
+/// scheduler prefers but never waits for (`ScheduleAnyway`): losing a node or a zone then costs
+/// as few stores as it can, and a one-node cluster still runs every pod.
+fn topology_spread(
+    app: &StreamApp,
+    configured: Option<Vec<TopologySpreadConstraint>>,
+) -> Option<Vec<TopologySpreadConstraint>> {
+    let constraints = configured.unwrap_or_else(|| {
+        ["topology.kubernetes.io/zone", "kubernetes.io/hostname"]
+            .into_iter()
+            .map(|key| TopologySpreadConstraint {
+                max_skew: 1,
+                topology_key: key.to_string(),
+                when_unsatisfiable: "ScheduleAnyway".to_string(),
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(owned::selector_labels(app)),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect()
+    });
+    non_empty_vec(constraints)
 }
 
 fn non_empty_vec<T>(v: Vec<T>) -> Option<Vec<T>> {
@@ -977,5 +1005,34 @@ mod tests {
             .as_ref()
             .unwrap();
         assert_eq!(claim_template_size(&templates[0]).unwrap().0, "1Gi");
+    }
+
+    #[test]
+    fn pods_spread_over_zones_and_nodes_unless_told_otherwise() {
+        let sts = desired_statefulset(&app(), "h", None);
+        let spread = pod_spec(&sts).topology_spread_constraints.clone().unwrap();
+        let keys: Vec<_> = spread.iter().map(|c| c.topology_key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["topology.kubernetes.io/zone", "kubernetes.io/hostname"]
+        );
+        assert!(spread.iter().all(|c| {
+            c.when_unsatisfiable == "ScheduleAnyway"
+                && c.label_selector
+                    .as_ref()
+                    .unwrap()
+                    .match_labels
+                    .as_ref()
+                    .unwrap()["streamapp.dev/app"]
+                    == "orders"
+        }));
+
+        let mut app = app();
+        app.spec.pod = Some(PodOverrides {
+            topology_spread_constraints: Some(vec![]),
+            ..Default::default()
+        });
+        let sts = desired_statefulset(&app, "h", None);
+        assert_eq!(pod_spec(&sts).topology_spread_constraints, None);
     }
 }
