@@ -71,6 +71,21 @@ pub fn pod_status(
             .map(|by| format!("{by:?}")),
         free_disk_bytes: disk.free_bytes.and_then(|b| i64::try_from(b).ok()),
         quarantines: i32::try_from(quarantines).unwrap_or(i32::MAX),
+        dead_letters: file.map_or(0, |h| {
+            i64::try_from(h.dead_letters.values().sum::<u64>()).unwrap_or(i64::MAX)
+        }),
+        last_dead_letter: file.and_then(|h| h.last_dead_letter.as_ref()).map(|d| {
+            format!(
+                "{} at {} ({}): {}",
+                d.reason,
+                rfc3339(d.at_ms),
+                d.source,
+                d.detail
+            )
+        }),
+        input_partitions: file
+            .and_then(|h| h.input_partitions)
+            .and_then(|n| i32::try_from(n).ok()),
         message: None,
         tasks,
     };
@@ -96,6 +111,7 @@ fn open_name(open: StoreOpen) -> &'static str {
         StoreOpen::ReplayedTail => "ReplayedTail",
         StoreOpen::FullRestore => "FullRestore",
         StoreOpen::Rebuilt => "Rebuilt",
+        StoreOpen::Resumed => "Resumed",
     }
 }
 
@@ -205,6 +221,12 @@ fn task_status(
     let last = q.iter().next_back();
     TaskStateStatus {
         partition,
+        state: t.state.map(|s| format!("{s:?}")),
+        backoff: t
+            .backoff
+            .as_ref()
+            .map(|b| format!("{:?}: {}", b.kind, b.reason)),
+        backoff_since: t.backoff.as_ref().map(|b| rfc3339(b.since_ms)),
         committed_offset: t.committed_offset,
         changelog_end: t.changelog_end_offset,
         restore_lag,
@@ -275,13 +297,29 @@ fn message(
                     restoring.join(", ")
                 ));
             }
-            (ProcessorPhase::Running, true) if !probes.healthz => {
-                why.push("the processor does not answer /healthz".into())
-            }
-            (ProcessorPhase::Running, true) if !probes.readyz => {
-                why.push("the processor does not answer /readyz".into())
-            }
+            (ProcessorPhase::Running, true) if !probes.healthz => why.push(
+                "the processor does not answer /healthz: its processing loop is stuck, or the process is".into(),
+            ),
+            (ProcessorPhase::Running, true) if !probes.readyz => why.push(match &h.not_ready_reason {
+                Some(reason) => format!("the processor is not ready: {reason}"),
+                None => "the processor does not answer /readyz".into(),
+            }),
             (ProcessorPhase::Running, true) => {}
+        }
+        // Stores that cannot be used for now: the processor retries them; a person may have to
+        // free space or fix the volume.
+        for t in &h.tasks {
+            if let Some(b) = &t.backoff {
+                why.push(format!(
+                    "the store of partition {} is unavailable since {} ({:?}: {}); the processor retries it \
+                     (attempt {}), nothing was quarantined",
+                    t.partition,
+                    rfc3339(b.since_ms),
+                    b.kind,
+                    b.reason,
+                    b.attempts
+                ));
+            }
         }
         // Quarantines of this run: the store was damaged and rebuilt. Older ones stay on disk for
         // forensics but are history, not a reason for concern now.
@@ -344,7 +382,10 @@ fn order_of_magnitude(n: i64) -> i64 {
 mod tests {
     use super::*;
     use crate::disk::{CheckpointFile, WalOnDisk};
-    use streamapp_api::health::{Quarantine, RestoreProgress, WalFiles};
+    use streamapp_api::health::{
+        DeadLetterNote, Quarantine, RestoreProgress, StoreBackoff, StoreUnavailable, TaskState,
+        WalFiles,
+    };
 
     const NOW: i64 = 1_750_000_000_000;
 
@@ -369,6 +410,7 @@ mod tests {
             previous_shutdown_clean: Some(true),
             tasks: vec![TaskHealth {
                 partition: 0,
+                state: Some(TaskState::Active),
                 committed_offset: Some(120),
                 store_changelog_offset: Some(95),
                 changelog_end_offset: Some(100),
@@ -423,6 +465,9 @@ mod tests {
             s.tasks,
             vec![TaskStateStatus {
                 partition: 0,
+                state: Some("Active".into()),
+                backoff: None,
+                backoff_since: None,
                 committed_offset: Some(120),
                 changelog_end: Some(100),
                 restore_lag: Some(5),
@@ -436,6 +481,70 @@ mod tests {
                 last_quarantine_reason: None,
                 last_quarantine_at: None,
             }]
+        );
+    }
+
+    #[test]
+    fn a_store_backing_off_on_a_full_disk_is_reported_with_its_reason_and_start() {
+        let mut h = running();
+        h.tasks[0].state = Some(TaskState::BackingOff);
+        h.tasks[0].backoff = Some(StoreBackoff {
+            kind: StoreUnavailable::DiskFull,
+            reason: "IO error: No space left on device".into(),
+            since_ms: NOW - 30_000,
+            attempts: 4,
+            retry_at_ms: NOW + 8_000,
+        });
+        h.not_ready_reason = Some("partition 0 backs off (DiskFull: ...)".into());
+        let probes = Probes {
+            readyz: false,
+            ..up()
+        };
+        let s = pod_status("pod-0", &file(h), &disk_with_task0(), &probes, NOW);
+        let t = &s.tasks[0];
+        assert_eq!(t.state.as_deref(), Some("BackingOff"));
+        assert_eq!(
+            t.backoff.as_deref(),
+            Some("DiskFull: IO error: No space left on device")
+        );
+        assert_eq!(t.backoff_since.as_deref(), Some("2025-06-15T15:06:10Z"));
+        assert_eq!(t.quarantines, 0);
+        let msg = s.message.unwrap();
+        assert!(
+            msg.contains("partition 0 is unavailable since 2025-06-15T15:06:10Z (DiskFull"),
+            "{msg}"
+        );
+        assert!(msg.contains("nothing was quarantined"), "{msg}");
+        assert!(msg.contains("not ready: partition 0 backs off"), "{msg}");
+    }
+
+    #[test]
+    fn dead_letters_and_the_input_partitions_are_reported() {
+        let mut h = running();
+        h.dead_letters = [
+            ("processing-failed".to_string(), 3),
+            ("value-too-large".to_string(), 2),
+        ]
+        .into();
+        h.last_dead_letter = Some(DeadLetterNote {
+            at_ms: NOW - 1_000,
+            reason: "processing-failed".into(),
+            source: "in/0/42".into(),
+            detail: "failed 3 attempts; the last one: boom".into(),
+        });
+        h.input_partitions = Some(2);
+        let s = pod_status("pod-0", &file(h), &disk_with_task0(), &up(), NOW);
+        assert_eq!(s.dead_letters, 5);
+        assert_eq!(
+            s.last_dead_letter.as_deref(),
+            Some(
+                "processing-failed at 2025-06-15T15:06:39Z (in/0/42): failed 3 attempts; the last one: boom"
+            )
+        );
+        assert_eq!(s.input_partitions, Some(2));
+        assert_eq!(
+            s.message, None,
+            "dead letters are counted, not a state problem"
         );
     }
 

@@ -50,7 +50,7 @@ impl Default for AppOptions {
             partitions: 2,
             retention: "1h",
             commit_interval: "100ms",
-            max_value_size: "1Mi",
+            max_value_size: "900k",
             dedup_id: serde_json::json!({ "source": "Key" }),
             rocksdb: serde_json::json!({ "profile": "LowMemory" }),
         }
