@@ -324,13 +324,22 @@ fn run(args: RunArgs) -> ExitCode {
             topic: d.clone(),
         });
     }
-    if let Err(e) = runtime.block_on(topics::check(&client, &written, topology.max_value_bytes)) {
-        let code = if e.is_refusal() {
-            EXIT_CONFIG
-        } else {
-            EXIT_FAILED
-        };
-        return fail_start(&e, code);
+    let mut client = client;
+    match runtime.block_on(topics::check(&client, &written, topology.max_value_bytes)) {
+        // Batches larger than a topic takes would be refused as a whole.
+        Ok(checked) if client.get("batch.size").is_none() => {
+            let batch = topics::batch_size(checked.smallest_limit);
+            client.set("batch.size", batch.to_string());
+        }
+        Ok(_) => {}
+        Err(e) => {
+            let code = if e.is_refusal() {
+                EXIT_CONFIG
+            } else {
+                EXIT_FAILED
+            };
+            return fail_start(&e, code);
+        }
     }
     shared.beat();
     let engine_config = EngineConfig {

@@ -73,13 +73,31 @@ pub fn check_sizes(max_value: u64, limits: &[(String, u64)]) -> Result<(), Topic
     }
 }
 
-/// Checks the written topics against the broker. Returns warnings for what could not be
-/// checked (no DescribeConfigs permission).
+/// What the checks found.
+#[derive(Debug, Default)]
+pub struct Checked {
+    /// The smallest record-batch limit among the broker and the written topics, when known:
+    /// the producer's batches must not be larger, or a batch of small records is refused as a
+    /// whole (see [`batch_size`]).
+    pub smallest_limit: Option<u64>,
+    /// What could not be checked (no DescribeConfigs permission).
+    pub warnings: Vec<String>,
+}
+
+/// The producer's `batch.size` for the limits found: librdkafka's default (1,000,000) unless a
+/// topic or the broker takes less. A record larger than a batch still goes alone, so only a
+/// record too large by itself is refused.
+pub fn batch_size(smallest_limit: Option<u64>) -> u64 {
+    const LIBRDKAFKA_DEFAULT: u64 = 1_000_000;
+    smallest_limit.map_or(LIBRDKAFKA_DEFAULT, |l| l.min(LIBRDKAFKA_DEFAULT))
+}
+
+/// Checks the written topics against the broker.
 pub async fn check(
     client: &ClientConfig,
     topics: &[WrittenTopic],
     max_value: u64,
-) -> Result<Vec<String>, TopicError> {
+) -> Result<Checked, TopicError> {
     let kafka = |topic: &str, detail: String| TopicError::Kafka {
         topic: topic.into(),
         detail,
@@ -159,7 +177,10 @@ pub async fn check(
         }
     }
     check_sizes(max_value, &limits)?;
-    Ok(warnings)
+    Ok(Checked {
+        smallest_limit: limits.iter().map(|(_, l)| *l).min(),
+        warnings,
+    })
 }
 
 #[cfg(test)]
@@ -189,6 +210,13 @@ mod tests {
         let message = e.to_string();
         assert!(message.starts_with("topology.maxValueSize:"), "{message}");
         assert!(message.contains("at most 434464 bytes"), "{message}");
+    }
+
+    #[test]
+    fn batches_are_never_larger_than_the_smallest_limit() {
+        assert_eq!(batch_size(None), 1_000_000);
+        assert_eq!(batch_size(Some(1_048_588)), 1_000_000);
+        assert_eq!(batch_size(Some(965_536)), 965_536);
     }
 
     #[test]

@@ -396,5 +396,6 @@ fn clone_app(app: &App) -> App {
         partitions: app.partitions,
         dir: tempfile::tempdir().unwrap(),
         config: app.config.clone(),
+        config_json: app.config_json.clone(),
     }
 }

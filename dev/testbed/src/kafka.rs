@@ -223,3 +223,52 @@ pub fn wait_for_group_caught_up(group: &str, topic: &str, timeout: Duration) {
         std::thread::sleep(Duration::from_millis(250));
     }
 }
+
+/// Kills the local broker with SIGKILL (no clean shutdown: open transactions and unflushed
+/// logs left as a crash leaves them), then starts it again with `dev/kafka.sh start` and waits
+/// until it answers. For tests of recovery from a broker crash.
+///
+/// Only ever the broker of the test's own test bed: the pid comes from
+/// `$STREAMAPP_RUN/kafka/kafka.pid`, and that process must live in the network namespace this
+/// test runs in (tests run inside it, `dev/net.sh exec`), or this panics without touching it.
+pub fn kill_and_restart_broker() {
+    let run = crate::run_dir();
+    let pidfile = run.join("kafka/kafka.pid");
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap_or_else(|e| {
+            panic!(
+                "reading {}: {e}: is dev/kafka.sh running the broker?",
+                pidfile.display()
+            )
+        })
+        .trim()
+        .parse()
+        .expect("a pid in kafka.pid");
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).ok();
+    let (theirs, ours) = (ns(&pid.to_string()), ns("self"));
+    assert!(
+        theirs.is_some() && theirs == ours,
+        "the broker (pid {pid}) is not in this test's network namespace ({theirs:?} vs {ours:?}): \
+         refusing to kill it; run the tests with `dev/net.sh exec`"
+    );
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("running kill");
+    assert!(killed.success(), "kill -9 {pid} failed");
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kafka.sh");
+    let out = std::process::Command::new(&script)
+        .arg("start")
+        .output()
+        .expect("running dev/kafka.sh start");
+    assert!(
+        out.status.success(),
+        "dev/kafka.sh start failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bootstrap();
+}

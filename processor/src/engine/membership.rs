@@ -150,6 +150,19 @@ impl Engine {
         }
     }
 
+    /// Ends a pause: an assignment keeps librdkafka's pause flag of a partition, so the
+    /// partitions are resumed explicitly, then assigned at their positions.
+    pub(super) fn resume(&mut self, consumer: &GroupConsumer) {
+        let mut tpl = TopicPartitionList::new();
+        for task in self.tasks.values().filter(|t| t.active()) {
+            tpl.add_partition(&self.cfg.input_topic, task.partition);
+        }
+        if let Err(e) = consumer.resume(&tpl) {
+            warn!(error = %e, "could not resume consumption");
+        }
+        self.reassign(consumer);
+    }
+
     /// Moves an active task back to its committed position after an abort.
     pub(super) fn rewind(&mut self, consumer: &GroupConsumer) {
         for task in self.tasks.values_mut() {

@@ -278,7 +278,7 @@ impl Engine {
         }
         if self.paused_until.is_some_and(|t| Instant::now() >= t) {
             self.paused_until = None;
-            self.reassign_needed = true;
+            self.resume(consumer);
         }
         if std::mem::take(&mut self.reassign_needed) {
             self.reassign(consumer);
