@@ -108,6 +108,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info,librdkafka=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a container's log is a file (kubectl logs, log shippers).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match Cli::parse().command {
         Command::Run(args) => run(args),

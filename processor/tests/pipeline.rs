@@ -33,18 +33,16 @@ async fn each_id_is_output_exactly_once_and_repeats_go_to_the_duplicates_topic()
     let mut p = app.start("pod-0");
     p.wait_ready(MINUTE);
     app.produce(&records);
-    app.wait_for_records(&app.output, 700, MINUTE);
-    let dups = app.wait_for_records(&app.duplicates, expected_dups, MINUTE);
-    // Give a late extra record the chance to show up before asserting there is none.
-    std::thread::sleep(Duration::from_secs(1));
+    // Everything processed and committed: reading to the end shows every result, so an
+    // extra record would be there.
+    app.wait_until_processed(MINUTE);
     let output = app.read(&app.output);
-    let dups_now = app.read(&app.duplicates);
+    let dups = app.read(&app.duplicates);
 
     let per_id = counts(&output);
     assert_eq!(output.len(), 700, "every id exactly once");
     assert!(per_id.values().all(|&n| n == 1));
     assert_eq!(per_id.len(), 700);
-    assert_eq!(dups_now.len(), expected_dups);
     assert_eq!(dups.len(), expected_dups);
     assert!(app.read(&app.dead_letters).is_empty());
     // Output records carry the input's value and the dedup id header.
@@ -121,9 +119,10 @@ async fn bad_records_go_to_the_dead_letter_topic_with_a_reason_and_nothing_is_lo
     p.wait_ready(MINUTE);
     app.produce(&records);
 
-    let dlq = app.wait_for_records(&app.dead_letters, 3, MINUTE);
-    let output = app.wait_for_records(&app.output, 20, MINUTE);
-    let dups = app.wait_for_records(&app.duplicates, 1, MINUTE);
+    app.wait_until_processed(MINUTE);
+    let dlq = app.read(&app.dead_letters);
+    let output = app.read(&app.output);
+    let dups = app.read(&app.duplicates);
     let reasons: HashSet<_> = dlq
         .iter()
         .map(|d| d.headers["streamapp.dlq.reason"].clone())
@@ -188,8 +187,10 @@ async fn an_id_seen_after_the_retention_is_processed_again_and_expired_ids_leave
     let mut p = app.start("pod-0");
     p.wait_ready(MINUTE);
     app.produce(&records);
-    let output = app.wait_for_records(&app.output, 700, MINUTE);
-    let dups = app.wait_for_records(&app.duplicates, 200, MINUTE);
+    app.wait_until_processed(MINUTE);
+    let output = app.read(&app.output);
+    let dups = app.read(&app.duplicates);
+    assert_eq!(output.len(), 700, "200 + 200 again after the window + 300");
     let per_id = counts(&output);
     assert_eq!(
         per_id["r-0"], 2,
@@ -285,7 +286,8 @@ async fn drain_writes_a_checkpoint_and_a_restart_restores_nothing_then_removes_i
             .map(|i| Input::cmd(&format!("d-{i}"), t0 + 1000 + i))
             .collect::<Vec<_>>(),
     );
-    app.wait_for_records(&app.duplicates, 300, MINUTE);
+    app.wait_until_processed(MINUTE);
+    assert_eq!(app.read(&app.duplicates).len(), 300);
     assert_eq!(app.read(&app.output).len(), 300);
 }
 
@@ -331,10 +333,9 @@ async fn a_second_process_with_the_same_pod_identity_fences_the_first() {
         old.log_tail()
     );
     new.wait_ready(MINUTE);
-    let output = app.wait_for_records(&app.output, 200, MINUTE);
-    std::thread::sleep(Duration::from_secs(1));
-    let output_now = app.read(&app.output);
-    assert_eq!(output_now.len(), 200, "no duplicate output");
+    app.wait_until_processed(MINUTE);
+    let output = app.read(&app.output);
+    assert_eq!(output.len(), 200, "no duplicate output");
     assert!(counts(&output).values().all(|&n| n == 1));
 }
 

@@ -188,10 +188,22 @@ impl App {
     /// Starts a processor whose command line is `prefix` followed by the processor's (e.g.
     /// `nsenter --mount=...` to run it in another mount namespace).
     pub fn start_in(&self, pod: &str, env: &[(&str, &str)], prefix: &[String]) -> Processor {
+        self.start_at(pod, &self.state_dir(pod), env, prefix)
+    }
+
+    /// Starts a processor for `pod` with the state directory `state`.
+    pub fn start_at(
+        &self,
+        pod: &str,
+        state: &Path,
+        env: &[(&str, &str)],
+        prefix: &[String],
+    ) -> Processor {
         let port = free_port();
-        let state = self.state_dir(pod);
+        let state = state.to_path_buf();
         std::fs::create_dir_all(&state).unwrap();
-        let log_path = self.dir.path().join(format!("{pod}.log"));
+        let log_name = state.file_name().unwrap().to_string_lossy().into_owned();
+        let log_path = self.dir.path().join(format!("{log_name}.log"));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -632,6 +644,20 @@ impl Drop for SmallVolume {
     fn drop(&mut self) {
         let _ = self.holder.kill();
         let _ = self.holder.wait();
+    }
+}
+
+/// Waits until the processor's log contains `text`.
+pub fn wait_for_log(p: &Processor, text: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !p.log_text().contains(text) {
+        assert!(
+            Instant::now() < deadline,
+            "processor {} did not log {text:?} within {timeout:?}:\n{}",
+            p.pod,
+            p.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
