@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rdkafka::config::ClientConfig;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use streamapp_api::config::ProcessorConfig;
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase};
 use streamapp_api::units::parse_duration;
@@ -439,7 +438,7 @@ fn run_engine(
         let step = match polled {
             None => Ok(()),
             Some(Ok(m)) => e.process(&consumer, &m),
-            Some(Err(err)) => consumer_error(err),
+            Some(Err(err)) => e.on_consumer_error(&consumer, err),
         };
         if let Err(err) = step.and_then(|()| e.tick(&consumer)) {
             e.stop();
@@ -454,20 +453,6 @@ fn run_engine(
     engine.lock().unwrap().stop();
     drop(consumer);
     result
-}
-
-fn consumer_error(err: KafkaError) -> Result<(), EngineError> {
-    match err.rdkafka_error_code() {
-        Some(RDKafkaErrorCode::FencedInstanceId) => Err(EngineError::Fenced {
-            transactional_id: "(group.instance.id)".into(),
-            detail: format!("another consumer joined with this pod's group.instance.id: {err}"),
-        }),
-        Some(RDKafkaErrorCode::Fatal) => Err(EngineError::Fatal(format!("consumer: {err}"))),
-        _ => {
-            warn!(error = %err, "consumer error");
-            Ok(())
-        }
-    }
 }
 
 /// Whether the last shutdown drained: every task dir has a checkpoint. `None` on first start.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
@@ -128,6 +128,24 @@ impl Engine {
         self.faults.after_revoke();
         self.publish_tasks(true);
         self.refresh_readiness();
+    }
+
+    /// What an error the consumer reports means.
+    pub fn on_consumer_error(
+        &mut self,
+        consumer: &GroupConsumer,
+        err: KafkaError,
+    ) -> Result<(), EngineError> {
+        match err.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::FencedInstanceId) => {
+                Err(self.after_instance_fenced(consumer, &err.to_string()))
+            }
+            Some(RDKafkaErrorCode::Fatal) => Err(EngineError::Fatal(format!("consumer: {err}"))),
+            _ => {
+                warn!(error = %err, "consumer error");
+                Ok(())
+            }
+        }
     }
 
     /// Sets the consumer's local assignment to the active tasks, each at its position; paused

@@ -295,6 +295,99 @@ impl Engine {
         }
     }
 
+    /// The group coordinator fenced this pod's `group.instance.id`. That is another instance
+    /// of the pod only if it fenced our producer too: an engine initialises its transactions
+    /// (fencing older producers of its `transactional.id`) before it joins the group. So one
+    /// probe transaction tells: fenced as well, another instance took over and this one stops;
+    /// not, the coordinator lost track of our membership (as after its own crash) and the
+    /// engine starts again and rejoins.
+    pub(super) fn after_instance_fenced(
+        &mut self,
+        consumer: &GroupConsumer,
+        detail: &str,
+    ) -> EngineError {
+        self.abort(consumer, "the consumer's group membership was fenced");
+        if let Some(e @ EngineError::Fenced { .. }) = self.pending_error.take() {
+            return e;
+        }
+        match self.probe_transaction() {
+            Err(TxnFailure::Fenced(producer)) => EngineError::Fenced {
+                transactional_id: self.cfg.transactional_id(),
+                detail: format!(
+                    "the group fenced this pod's group.instance.id ({detail}) and the producer is fenced too ({producer})"
+                ),
+            },
+            probe => {
+                warn!(
+                    ?probe,
+                    detail,
+                    "the group fenced this pod's group.instance.id, but no other instance holds its transactional.id: rejoining"
+                );
+                EngineError::Fatal(format!(
+                    "the group coordinator fenced group.instance.id {} without another instance holding transactional.id {} ({detail}): starting again",
+                    self.cfg.pod,
+                    self.cfg.transactional_id()
+                ))
+            }
+        }
+    }
+
+    /// A transaction with one record to the changelog, aborted: a round trip to the
+    /// transaction coordinator with our producer epoch, visible to no read_committed reader.
+    /// A producer librdkafka already holds for fenced fails it at once.
+    fn probe_transaction(&mut self) -> Result<(), TxnFailure> {
+        let timeout = self.cfg.transaction_timeout();
+        let fatal = |producer: &BaseProducer<DeliveryTracker>| {
+            producer.client().fatal_error().map(|(code, message)| {
+                classify_txn(
+                    &TxnErrorFacts {
+                        code: Some(code),
+                        fatal: true,
+                        message,
+                    },
+                    None,
+                    timeout,
+                )
+            })
+        };
+        if let Some(failure) = fatal(&self.producer) {
+            return Err(failure);
+        }
+        let result = self.probe_round_trip();
+        match (result, fatal(&self.producer)) {
+            (Err(_), Some(failure)) => Err(failure),
+            (result, _) => result,
+        }
+    }
+
+    fn probe_round_trip(&mut self) -> Result<(), TxnFailure> {
+        let timeout = self.cfg.transaction_timeout();
+        let fail = |e: &KafkaError| classify_txn(&TxnErrorFacts::of(e), None, timeout);
+        self.producer.begin_transaction().map_err(|e| fail(&e))?;
+        let record: rdkafka::producer::BaseRecord<'_, [u8], [u8], Box<super::Origin>> =
+            rdkafka::producer::BaseRecord::with_opaque_to(
+                &self.cfg.changelog_topic,
+                Box::new(super::Origin {
+                    partition: -1,
+                    offset: -1,
+                }),
+            )
+            .partition(0)
+            .key(b"streamapp.fence-probe".as_slice());
+        if let Err((e, _)) = self.producer.send(record) {
+            let _ = self.producer.abort_transaction(TXN_CALL_TIMEOUT);
+            return Err(fail(&e));
+        }
+        await_deliveries(&self.producer, TXN_CALL_TIMEOUT);
+        let shared = self.shared.clone();
+        let aborted = retry_txn(&shared, || {
+            self.producer.poll(Duration::ZERO);
+            self.producer.abort_transaction(TXN_CALL_TIMEOUT)
+        });
+        self.producer.context().clear();
+        aborted.map_err(|e| fail(&e))
+    }
+
     /// The coordinator aborted our transaction on its timeout: drop its work, rewind, and go
     /// on with a new producer.
     fn recover_from_timeout(
