@@ -167,7 +167,9 @@ pub struct KafkaSpec {
     pub bootstrap_servers: String,
     /// librdkafka client properties passed through as they are, e.g. `security.protocol:
     /// SASL_SSL`, `sasl.mechanism: SCRAM-SHA-512`. Put secrets in `sasl` and `tls`, not here.
+    /// At most 128 (the bound keeps the CEL rules' cost within the API server's budget).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 128))]
     pub properties: BTreeMap<String, String>,
     /// SASL credentials from a Secret (become `sasl.username` / `sasl.password`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
