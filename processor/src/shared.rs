@@ -31,6 +31,8 @@ pub struct Shared {
     started: Instant,
     /// Milliseconds after `started` of the loop's latest progress.
     progress_ms: AtomicU64,
+    /// The last health file write failed (a full volume): said once, not every second.
+    health_file_failing: AtomicBool,
 }
 
 pub fn now_ms() -> i64 {
@@ -49,6 +51,7 @@ impl Shared {
             drain_tx: watch::channel(None).0,
             started: Instant::now(),
             progress_ms: AtomicU64::new(0),
+            health_file_failing: AtomicBool::new(false),
         }
     }
 
@@ -105,10 +108,15 @@ impl Shared {
         if force || due || health.phase != phase {
             health.updated_at_ms = now_ms();
             let bytes = serde_json::to_vec_pretty(health).expect("health serialises");
-            if let Err(e) =
-                crate::checkpoint::write_atomically(&self.state_dir.health_file(), &bytes)
-            {
-                tracing::warn!(error = %e, "could not write the health file");
+            match crate::checkpoint::write_atomically(&self.state_dir.health_file(), &bytes) {
+                Err(e) if !self.health_file_failing.swap(true, Ordering::Relaxed) => {
+                    tracing::warn!(error = %e, "could not write the health file (GET /health still answers)");
+                }
+                Err(_) => {}
+                Ok(()) if self.health_file_failing.swap(false, Ordering::Relaxed) => {
+                    tracing::info!("the health file is written again");
+                }
+                Ok(()) => {}
             }
             *last_write = Some(Instant::now());
         }

@@ -13,7 +13,13 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use testbed::kafka::{self, Isolation};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_streamapp-processor");
+/// The processor binary under test: the one this package builds, or `$STREAMAPP_TEST_PROCESSOR`
+/// (to run the suite against another build, such as the previous release, and see which tests
+/// catch what it gets wrong).
+pub fn bin() -> String {
+    std::env::var("STREAMAPP_TEST_PROCESSOR")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_streamapp-processor").to_string())
+}
 
 /// The processor tests start several processes each and count on Kafka's timeouts: run them
 /// one at a time, whatever the test runner's thread count.
@@ -210,10 +216,10 @@ impl App {
             .open(&log_path)
             .unwrap();
         let mut cmd = match prefix.split_first() {
-            None => Command::new(BIN),
+            None => Command::new(bin()),
             Some((program, args)) => {
                 let mut c = Command::new(program);
-                c.args(args).arg(BIN);
+                c.args(args).arg(bin());
                 c
             }
         };
@@ -524,7 +530,7 @@ impl Processor {
 
     /// Runs `streamapp-processor drain` against this processor (as the preStop hook does).
     pub fn drain(&mut self) -> std::process::Output {
-        Command::new(BIN)
+        Command::new(bin())
             .args([
                 "drain",
                 "--port",
@@ -663,7 +669,7 @@ pub fn wait_for_log(p: &Processor, text: &str, timeout: Duration) {
 
 /// `streamapp-processor inspect --json <dir>`.
 pub fn inspect(state: &Path) -> serde_json::Value {
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["inspect", "--json"])
         .arg(state)
         .stderr(Stdio::inherit())
