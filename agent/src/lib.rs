@@ -6,7 +6,7 @@
 //! - [`report`]: the pure function from an observation to the pod's status entry.
 //! - [`cadence`]: when an entry is worth writing.
 //! - [`status_writer`]: server-side apply of the entry, under the pod's own field manager.
-//! - [`quarantine_events`]: a Kubernetes Event per newly quarantined store.
+//! - [`store_events`]: a Kubernetes Event per newly quarantined store and per store that backs off.
 //! - [`metrics`]: `streamapp_agent_*` metrics, `/metrics` and `/healthz`.
 //! - [`run`]: the loop and the SIGTERM sequence; [`cli`]: its flags.
 
@@ -16,9 +16,9 @@ pub mod disk;
 pub mod error;
 pub mod metrics;
 pub mod observe;
-pub mod quarantine_events;
 pub mod report;
 pub mod run;
 pub mod status_writer;
+pub mod store_events;
 
 pub use error::{Error, Result};

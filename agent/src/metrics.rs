@@ -30,6 +30,8 @@ pub struct Metrics {
     pub processor_up: Gauge,
     /// StoreQuarantined Events published.
     pub quarantine_events: Counter,
+    /// StoreBackingOff Events published.
+    pub backoff_events: Counter,
 }
 
 impl Metrics {
@@ -40,6 +42,7 @@ impl Metrics {
         let last_report_time = Gauge::<f64, AtomicU64>::default();
         let processor_up = Gauge::default();
         let quarantine_events = Counter::default();
+        let backoff_events = Counter::default();
         registry.register(
             "reports_written",
             "Status entries written to the StreamApp",
@@ -65,6 +68,11 @@ impl Metrics {
             "StoreQuarantined Events published",
             quarantine_events.clone(),
         );
+        registry.register(
+            "backoff_events",
+            "StoreBackingOff Events published",
+            backoff_events.clone(),
+        );
         Metrics {
             registry,
             reports_written,
@@ -72,6 +80,7 @@ impl Metrics {
             last_report_time,
             processor_up,
             quarantine_events,
+            backoff_events,
         }
     }
 

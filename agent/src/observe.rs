@@ -81,11 +81,17 @@ impl Observer {
     }
 
     pub fn observe(&self) -> Observation {
-        let health = HealthFile::read(&self.layout.health_file());
         let answers = |path: &str| {
             probe::call(self.processor, "GET", path, PROBE_TIMEOUT).is_ok_and(|r| r.status == 200)
         };
         let healthz = answers(probe::HEALTHZ);
+        // The live report is fresher than the file, and it is there also when a full volume
+        // keeps the processor from rewriting the file.
+        let live = probe::call(self.processor, "GET", probe::HEALTH, PROBE_TIMEOUT)
+            .ok()
+            .filter(|r| r.status == 200)
+            .and_then(|r| serde_json::from_str(&r.body).ok());
+        let health = freshest(live, HealthFile::read(&self.layout.health_file()));
         let probes = Probes {
             healthz,
             // Not ready when not alive: saves a second timeout when the processor is gone.
@@ -97,6 +103,14 @@ impl Observer {
             disk: disk::inspect(&self.layout),
             probes,
         }
+    }
+}
+
+/// The processor's live report when it gave one, else the file.
+pub fn freshest(live: Option<ProcessorHealth>, file: HealthFile) -> HealthFile {
+    match live {
+        Some(h) => HealthFile::Present(Box::new(h)),
+        None => file,
     }
 }
 
@@ -135,6 +149,18 @@ mod tests {
             HealthFile::read(&path),
             HealthFile::Present(Box::new(health))
         );
+    }
+
+    #[test]
+    fn the_live_report_wins_over_a_stale_file() {
+        let mut live = ProcessorHealth::new("pod-0", "app", 2000);
+        live.not_ready_reason = Some("partition 0 backs off".into());
+        let file = HealthFile::Present(Box::new(ProcessorHealth::new("pod-0", "app", 1000)));
+        assert_eq!(
+            freshest(Some(live.clone()), file.clone()),
+            HealthFile::Present(Box::new(live))
+        );
+        assert_eq!(freshest(None, file.clone()), file);
     }
 
     #[test]

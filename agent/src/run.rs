@@ -19,9 +19,9 @@ use crate::disk::StateLayout;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::observe::{Observation, Observer};
-use crate::quarantine_events::QuarantineEvents;
 use crate::report::{pod_status, significant};
 use crate::status_writer::StatusWriter;
+use crate::store_events::StoreEvents;
 
 /// Attempts at the final report after SIGTERM (the pod is going away: no later chance).
 const FINAL_REPORT_ATTEMPTS: u32 = 3;
@@ -65,7 +65,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             args.processor_port,
         ),
         writer: StatusWriter::new(client.clone(), &args.namespace, &args.app, &args.pod_name),
-        events: QuarantineEvents::new(
+        events: StoreEvents::new(
             client,
             &args.namespace,
             &args.app,
@@ -129,7 +129,7 @@ fn processor_finished(obs: &Observation) -> bool {
 struct Agent {
     observer: Observer,
     writer: StatusWriter,
-    events: QuarantineEvents,
+    events: StoreEvents,
     cadence: Cadence,
     metrics: Arc<Metrics>,
     pod: String,
@@ -148,6 +148,16 @@ impl Agent {
                 self.metrics.quarantine_events.inc_by(n as u64);
             }
             Err(e) => warn!(error = %e, kind = e.metric_label(), "quarantine event not published"),
+        }
+        if let Some(health) = obs.health.present() {
+            match self.events.announce_backoffs(&health.tasks).await {
+                Ok(n) => {
+                    self.metrics.backoff_events.inc_by(n as u64);
+                }
+                Err(e) => {
+                    warn!(error = %e, kind = e.metric_label(), "back-off event not published")
+                }
+            }
         }
         let status = pod_status(&self.pod, &obs.health, &obs.disk, &obs.probes, now_ms());
         (obs, status)

@@ -88,7 +88,7 @@ mod tests {
                 "apiVersion": "streamapp.dev/v1alpha1",
                 "kind": "StreamApp",
                 "metadata": { "name": "orders" },
-                "status": { "pods": [ { "name": "orders-1", "phase": "Running", "processorUp": true, "ready": false, "quarantines": 0 } ] },
+                "status": { "pods": [ { "name": "orders-1", "phase": "Running", "processorUp": true, "ready": false, "quarantines": 0, "deadLetters": 0 } ] },
             })
         );
     }

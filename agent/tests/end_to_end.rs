@@ -68,7 +68,7 @@ impl Pipeline {
                 "dedupId": { "source": "Key" },
                 "retention": "1h",
                 "commitInterval": "100ms",
-                "maxValueSize": "1Mi",
+                "maxValueSize": "900k",
             },
             // AbsoluteConsistency: a damaged WAL fails the open, and the store is quarantined.
             "rocksdb": { "profile": "LowMemory", "wal": { "recoveryMode": "AbsoluteConsistency" } },

@@ -9,8 +9,8 @@ use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use streamapp_agent::disk::QuarantinedStore;
-use streamapp_agent::quarantine_events::{QuarantineEvents, REASON};
 use streamapp_agent::status_writer::{StatusWriter, field_manager};
+use streamapp_agent::store_events::{QUARANTINE_REASON as REASON, StoreEvents};
 use streamapp_api::crd::{PodStateStatus, StreamApp, TaskStateStatus};
 use testbed::kube::TestNamespace;
 
@@ -114,8 +114,7 @@ async fn the_agents_service_account_may_report_its_own_pod_and_nothing_else() {
     assert_eq!(spec.replicas, 1, "the spec is unchanged");
 
     // Events about its StreamApp: allowed.
-    let mut events =
-        QuarantineEvents::new(agent.clone(), &ns.name, "orders", "orders-0", Some(&own));
+    let mut events = StoreEvents::new(agent.clone(), &ns.name, "orders", "orders-0", Some(&own));
     let quarantined = QuarantinedStore {
         path: Default::default(),
         partition: 0,

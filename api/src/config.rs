@@ -28,7 +28,8 @@ pub struct Topology {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicates_topic: Option<String>,
     /// Topic for records that cannot be processed (no dedup id, undecodable payload, too
-    /// large), with a `streamapp.dlq.reason` header saying why. Nothing is dropped silently.
+    /// large, stamped too far in the future, failing every attempt), with a
+    /// `streamapp.dlq.reason` header saying why. Nothing is dropped silently.
     #[schemars(length(min = 1, max = 249))]
     pub dead_letter_topic: String,
     /// Where the dedup id of a record is found.
@@ -43,11 +44,32 @@ pub struct Topology {
     #[serde(default = "default_commit_interval")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
     pub commit_interval: String,
-    /// Records whose value is larger than this go to the dead-letter topic (bytes, Kubernetes
-    /// quantity notation).
+    /// Records whose value is larger than this go to the dead-letter topic, as metadata only
+    /// (reason, source offset and size headers; the original stays in the input topic). Bytes,
+    /// Kubernetes quantity notation. With the record's key and headers it must fit the
+    /// producer's `message.max.bytes` (librdkafka's default 1,000,000, settable in
+    /// `kafka.properties`): at most `message.max.bytes` minus 64Ki. At start-up the processor
+    /// also checks it against the broker's `message.max.bytes` and the output, duplicates and
+    /// dead-letter topics' `max.message.bytes`.
     #[serde(default = "default_max_value_size")]
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
     pub max_value_size: String,
+    /// How far ahead of the processor's clock a record's timestamp may be (Go duration).
+    /// Records stamped later go to the dead-letter topic with reason `timestamp-too-far-ahead`
+    /// instead of moving stream time: one record from the future cannot expire every id. An
+    /// id is remembered for at least `retention` minus this; must be less than `retention`.
+    #[serde(default = "default_max_skew")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub max_skew: String,
+    /// How many times a record is tried when its processing, or writing its results, fails
+    /// with an error that retrying does not fix. After the last failed attempt the record goes
+    /// to the dead-letter topic (reason `processing-failed` or `produce-failed`, the error in
+    /// `streamapp.dlq.error`) and the partition goes on, like Kafka Streams' processing
+    /// exception handler (KIP-1033) after a bounded retry. Transient errors (a broker
+    /// restarting, timeouts) are retried without limit.
+    #[serde(default = "default_max_record_attempts")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_record_attempts: u32,
 }
 
 pub fn default_retention() -> String {
@@ -56,9 +78,23 @@ pub fn default_retention() -> String {
 pub fn default_commit_interval() -> String {
     "100ms".into()
 }
+/// 900,000 bytes: with up to 64Ki of key and headers, a record fits librdkafka's default
+/// `message.max.bytes` (1,000,000), and the broker's default (1,048,588).
 pub fn default_max_value_size() -> String {
-    "1Mi".into()
+    "900k".into()
 }
+pub fn default_max_skew() -> String {
+    "5m".into()
+}
+pub fn default_max_record_attempts() -> u32 {
+    3
+}
+
+/// librdkafka's default `message.max.bytes`: the largest record (batch) the producer sends.
+pub const DEFAULT_PRODUCER_MESSAGE_MAX_BYTES: u64 = 1_000_000;
+/// Room kept beside `maxValueSize` for a record's key, headers (the input's, plus the dedup
+/// id or dead-letter headers the processor adds) and the batch framing.
+pub const RECORD_OVERHEAD_BYTES: u64 = 64 * 1024;
 
 /// Where a record's dedup id comes from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -158,10 +194,16 @@ pub enum Compression {
     Zstd,
 }
 
+/// RocksDB's compaction styles. `Level` and `Universal` keep every live key; `Fifo` deletes
+/// the oldest SST files when the store grows past a size, which would drop ids the store's
+/// changelog offset still vouches for (repeats would then be output as first occurrences):
+/// the processor refuses it. Expiry by the window (`topology.retention`) bounds the store's
+/// size instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum CompactionStyle {
     Level,
     Universal,
+    /// Refused (see above).
     Fifo,
 }
 
@@ -369,6 +411,13 @@ impl RocksDbTuning {
                 r.wal_sync_on_commit = v;
             }
         }
+        if r.compaction_style == CompactionStyle::Fifo {
+            return Err(ConfigError::field(
+                "rocksdb.compactionStyle",
+                "Fifo deletes the oldest SST files and with them ids the store still vouches for, \
+                 so repeats would be output as first occurrences; use Level (default) or Universal",
+            ));
+        }
         if r.wal_recovery_mode == WalRecoveryMode::SkipAnyCorruptedRecords {
             return Err(ConfigError::field(
                 "rocksdb.wal.recoveryMode",
@@ -427,6 +476,11 @@ pub struct ProcessorConfig {
     /// How long a drain may take before the processor gives up and exits anyway.
     #[serde(default = "default_drain_timeout")]
     pub drain_timeout: String,
+    /// `/healthz` fails once the processing loop has made no progress (no poll, no commit,
+    /// no restore step) for this long: a stuck loop gets the container restarted. Longer
+    /// than any single blocking call of the loop (each is bounded by 30 s).
+    #[serde(default = "default_liveness_timeout")]
+    pub liveness_timeout: String,
 }
 
 pub fn default_state_dir() -> String {
@@ -436,6 +490,9 @@ pub fn default_http_port() -> u16 {
     8080
 }
 pub fn default_drain_timeout() -> String {
+    "60s".into()
+}
+pub fn default_liveness_timeout() -> String {
     "60s".into()
 }
 
@@ -448,22 +505,40 @@ pub struct KafkaClient {
     pub bootstrap_servers: String,
     /// Extra librdkafka client properties passed through as they are (for example
     /// `security.protocol`, `sasl.mechanism`, `ssl.ca.location`). Properties the processor
-    /// owns for exactly-once (isolation.level, transactional.id, enable.idempotence,
-    /// enable.auto.commit, group.id, group.instance.id) are refused.
+    /// owns for exactly-once and its rebalance handling ([`RESERVED_KAFKA_PROPERTIES`]) are
+    /// refused.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub properties: BTreeMap<String, String>,
 }
 
-/// Client properties the processor sets itself: overriding them would break exactly-once.
+/// Client properties the processor sets itself: overriding them would break exactly-once or
+/// the processor's handling of rebalances.
+///
+/// - read_committed, transactions and idempotence: `isolation.level`, `transactional.id`,
+///   `enable.idempotence`, `acks`;
+/// - offsets are committed inside transactions only: `enable.auto.commit`,
+///   `enable.auto.offset.store`, `auto.offset.reset`;
+/// - identity: `group.id`, `group.instance.id`, `bootstrap.servers` (from
+///   `kafka.bootstrapServers`);
+/// - rebalances are handled eagerly (revoke everything, then assign): `group.protocol`
+///   (KIP-848's `consumer` protocol makes them incremental), `group.remote.assignor`,
+///   `partition.assignment.strategy` (`cooperative-sticky` is incremental too);
+/// - the loop treats partition-end events as errors: `enable.partition.eof`.
 pub const RESERVED_KAFKA_PROPERTIES: &[&str] = &[
     "isolation.level",
     "transactional.id",
     "enable.idempotence",
+    "acks",
     "enable.auto.commit",
     "enable.auto.offset.store",
+    "auto.offset.reset",
     "group.id",
     "group.instance.id",
     "bootstrap.servers",
+    "group.protocol",
+    "group.remote.assignor",
+    "partition.assignment.strategy",
+    "enable.partition.eof",
 ];
 
 /// A configuration value that cannot be used, with the field it is in.
@@ -496,6 +571,8 @@ pub struct ResolvedTopology {
     pub retention: Duration,
     pub commit_interval: Duration,
     pub max_value_bytes: u64,
+    pub max_skew: Duration,
+    pub max_record_attempts: u32,
 }
 
 impl Topology {
@@ -507,6 +584,8 @@ impl Topology {
             .map_err(|e| ConfigError::field("topology.commitInterval", e))?;
         let max_value_bytes = parse_quantity(&self.max_value_size)
             .map_err(|e| ConfigError::field("topology.maxValueSize", e))?;
+        let max_skew = parse_duration(&self.max_skew)
+            .map_err(|e| ConfigError::field("topology.maxSkew", e))?;
         if commit_interval.is_zero() {
             return Err(ConfigError::field(
                 "topology.commitInterval",
@@ -517,6 +596,18 @@ impl Topology {
             return Err(ConfigError::field(
                 "topology.retention",
                 "must be greater than topology.commitInterval",
+            ));
+        }
+        if max_skew >= retention {
+            return Err(ConfigError::field(
+                "topology.maxSkew",
+                "must be less than topology.retention (ids are remembered for retention minus maxSkew at least)",
+            ));
+        }
+        if !(1..=100).contains(&self.max_record_attempts) {
+            return Err(ConfigError::field(
+                "topology.maxRecordAttempts",
+                "must be between 1 and 100",
             ));
         }
         let mut topics = vec![
@@ -560,6 +651,8 @@ impl Topology {
             retention,
             commit_interval,
             max_value_bytes,
+            max_skew,
+            max_record_attempts: self.max_record_attempts,
         })
     }
 }
@@ -596,7 +689,43 @@ impl ProcessorConfig {
             return Err(ConfigError::field("stateDir", "must not be empty"));
         }
         parse_duration(&self.drain_timeout).map_err(|e| ConfigError::field("drainTimeout", e))?;
-        Ok((self.topology.resolve()?, self.rocksdb.resolve()?))
+        let liveness = parse_duration(&self.liveness_timeout)
+            .map_err(|e| ConfigError::field("livenessTimeout", e))?;
+        if liveness.is_zero() {
+            return Err(ConfigError::field(
+                "livenessTimeout",
+                "must be greater than 0",
+            ));
+        }
+        let topology = self.topology.resolve()?;
+        let producer_max = self.producer_message_max_bytes()?;
+        if topology.max_value_bytes + RECORD_OVERHEAD_BYTES > producer_max {
+            return Err(ConfigError::field(
+                "topology.maxValueSize",
+                format!(
+                    "{} bytes does not fit the producer's message.max.bytes ({producer_max}) with \
+                     {RECORD_OVERHEAD_BYTES} bytes for key and headers: use at most {} bytes, or raise \
+                     kafka.properties.message.max.bytes (and the topics' max.message.bytes)",
+                    topology.max_value_bytes,
+                    producer_max.saturating_sub(RECORD_OVERHEAD_BYTES)
+                ),
+            ));
+        }
+        Ok((topology, self.rocksdb.resolve()?))
+    }
+
+    /// The largest record the producer sends: `kafka.properties.message.max.bytes`, or
+    /// librdkafka's default.
+    pub fn producer_message_max_bytes(&self) -> Result<u64, ConfigError> {
+        match self.kafka.properties.get("message.max.bytes") {
+            None => Ok(DEFAULT_PRODUCER_MESSAGE_MAX_BYTES),
+            Some(v) => v.trim().parse().map_err(|_| {
+                ConfigError::field(
+                    "kafka.properties.message.max.bytes",
+                    format!("{v:?} is not a number of bytes"),
+                )
+            }),
+        }
     }
 
     /// The compacted topic the dedup store is backed by.
@@ -619,15 +748,108 @@ mod tests {
             retention: default_retention(),
             commit_interval: default_commit_interval(),
             max_value_size: default_max_value_size(),
+            max_skew: default_max_skew(),
+            max_record_attempts: default_max_record_attempts(),
+        }
+    }
+
+    fn processor_config(properties: &[(&str, &str)]) -> ProcessorConfig {
+        ProcessorConfig {
+            application_id: "app".into(),
+            kafka: KafkaClient {
+                bootstrap_servers: "k:9092".into(),
+                properties: properties
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            },
+            topology: topology(),
+            rocksdb: RocksDbTuning::default(),
+            state_dir: default_state_dir(),
+            wal_dir: None,
+            http_port: 8080,
+            drain_timeout: default_drain_timeout(),
+            liveness_timeout: default_liveness_timeout(),
         }
     }
 
     #[test]
-    fn default_topology_resolves_to_one_hour_and_100ms() {
+    fn default_topology_resolves_to_one_hour_100ms_and_limits_that_fit_librdkafka() {
         let r = topology().resolve().unwrap();
         assert_eq!(r.retention, Duration::from_secs(3600));
         assert_eq!(r.commit_interval, Duration::from_millis(100));
-        assert_eq!(r.max_value_bytes, 1 << 20);
+        assert_eq!(r.max_value_bytes, 900_000);
+        assert!(
+            r.max_value_bytes + RECORD_OVERHEAD_BYTES <= DEFAULT_PRODUCER_MESSAGE_MAX_BYTES,
+            "a record of the default maximum size, with its key and headers, fits librdkafka's message.max.bytes"
+        );
+        assert_eq!(r.max_skew, Duration::from_secs(300));
+        assert_eq!(r.max_record_attempts, 3);
+        processor_config(&[]).validate().unwrap();
+    }
+
+    #[test]
+    fn a_max_value_size_the_producer_cannot_send_is_refused_naming_the_field() {
+        let mut config = processor_config(&[]);
+        config.topology.max_value_size = "1Mi".into();
+        let e = config.validate().unwrap_err();
+        assert_eq!(e.field, "topology.maxValueSize");
+        assert!(e.message.contains("message.max.bytes (1000000)"), "{e}");
+        // Raising the producer's limit makes room for it.
+        let mut config = processor_config(&[("message.max.bytes", "2000000")]);
+        config.topology.max_value_size = "1Mi".into();
+        config.validate().unwrap();
+        let config = processor_config(&[("message.max.bytes", "lots")]);
+        assert_eq!(
+            config.validate().unwrap_err().field,
+            "kafka.properties.message.max.bytes"
+        );
+    }
+
+    #[test]
+    fn max_skew_must_be_less_than_the_retention() {
+        let t = Topology {
+            max_skew: "1h".into(),
+            ..topology()
+        };
+        assert_eq!(t.resolve().unwrap_err().field, "topology.maxSkew");
+        let t = Topology {
+            max_record_attempts: 0,
+            ..topology()
+        };
+        assert_eq!(t.resolve().unwrap_err().field, "topology.maxRecordAttempts");
+    }
+
+    #[test]
+    fn fifo_compaction_is_refused_because_it_drops_ids_the_store_vouches_for() {
+        let tuning = RocksDbTuning {
+            compaction_style: Some(CompactionStyle::Fifo),
+            ..Default::default()
+        };
+        let e = tuning.resolve().unwrap_err();
+        assert_eq!(e.field, "rocksdb.compactionStyle");
+        assert!(e.message.contains("Level"), "{e}");
+        for allowed in [CompactionStyle::Level, CompactionStyle::Universal] {
+            let tuning = RocksDbTuning {
+                compaction_style: Some(allowed),
+                ..Default::default()
+            };
+            assert_eq!(tuning.resolve().unwrap().compaction_style, allowed);
+        }
+    }
+
+    #[test]
+    fn the_kip_848_group_protocol_and_incremental_assignors_are_refused() {
+        for (key, value) in [
+            ("group.protocol", "consumer"),
+            ("group.remote.assignor", "uniform"),
+            ("partition.assignment.strategy", "cooperative-sticky"),
+            ("auto.offset.reset", "latest"),
+            ("acks", "1"),
+        ] {
+            let e = processor_config(&[(key, value)]).validate().unwrap_err();
+            assert_eq!(e.field, format!("kafka.properties.{key}"));
+        }
     }
 
     #[test]
@@ -693,23 +915,7 @@ mod tests {
 
     #[test]
     fn reserved_kafka_properties_are_refused() {
-        let config = ProcessorConfig {
-            application_id: "app".into(),
-            kafka: KafkaClient {
-                bootstrap_servers: "k:9092".into(),
-                properties: [(
-                    "isolation.level".to_string(),
-                    "read_uncommitted".to_string(),
-                )]
-                .into(),
-            },
-            topology: topology(),
-            rocksdb: RocksDbTuning::default(),
-            state_dir: default_state_dir(),
-            wal_dir: None,
-            http_port: 8080,
-            drain_timeout: default_drain_timeout(),
-        };
+        let config = processor_config(&[("isolation.level", "read_uncommitted")]);
         assert_eq!(
             config.validate().unwrap_err().field,
             "kafka.properties.isolation.level"

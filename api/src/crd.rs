@@ -109,6 +109,9 @@ use crate::config::{RocksDbTuning, Topology};
     validation = Rule::new("!has(self.topology.dedupId) || self.topology.dedupId.source != 'Header' || (has(self.topology.dedupId.header) && self.topology.dedupId.header != '')").message("topology.dedupId.header is required when topology.dedupId.source is Header"),
     validation = Rule::new("!has(self.topology.dedupId) || self.topology.dedupId.source != 'JsonPointer' || (has(self.topology.dedupId.jsonPointer) && self.topology.dedupId.jsonPointer.startsWith('/'))").message("topology.dedupId.jsonPointer (starting with '/', e.g. /commandId) is required when topology.dedupId.source is JsonPointer"),
     validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.wal) || !has(self.rocksdb.wal.recoveryMode) || self.rocksdb.wal.recoveryMode != 'SkipAnyCorruptedRecords'").message("rocksdb.wal.recoveryMode SkipAnyCorruptedRecords can leave holes in the store that no offset reveals; use PointInTime, TolerateCorruptedTailRecords or AbsoluteConsistency"),
+    validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.compactionStyle) || self.rocksdb.compactionStyle != 'Fifo'").message("rocksdb.compactionStyle Fifo deletes the oldest SST files and with them ids the store still vouches for, so repeats would be output as first occurrences; use Level (default) or Universal"),
+    validation = Rule::new("duration(self.topology.maxSkew) < duration(self.topology.retention)").message("topology.maxSkew must be less than topology.retention (ids are remembered for retention minus maxSkew at least)"),
+    validation = Rule::new("quantity(self.topology.maxValueSize).asInteger() + 65536 <= (has(self.kafka.properties) && 'message.max.bytes' in self.kafka.properties ? int(self.kafka.properties['message.max.bytes']) : 1000000)").message("topology.maxValueSize plus 64Ki for key and headers must fit the producer's message.max.bytes (kafka.properties.message.max.bytes, librdkafka's default 1000000): use at most 934464 bytes (the default is 900k) or raise message.max.bytes"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct StreamAppSpec {
@@ -200,7 +203,8 @@ impl PullPolicy {
 
 /// Kafka connection.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[x_kube(validation = Rule::new("!has(self.properties) || self.properties.all(k, !(k in ['isolation.level', 'transactional.id', 'enable.idempotence', 'enable.auto.commit', 'enable.auto.offset.store', 'group.id', 'group.instance.id', 'bootstrap.servers']))").message("kafka.properties must not set isolation.level, transactional.id, enable.idempotence, enable.auto.commit, enable.auto.offset.store, group.id, group.instance.id or bootstrap.servers: the processor sets them for exactly-once processing"))]
+// The list is RESERVED_KAFKA_PROPERTIES (a unit test keeps the two in step).
+#[x_kube(validation = Rule::new("!has(self.properties) || self.properties.all(k, !(k in ['isolation.level', 'transactional.id', 'enable.idempotence', 'acks', 'enable.auto.commit', 'enable.auto.offset.store', 'auto.offset.reset', 'group.id', 'group.instance.id', 'bootstrap.servers', 'group.protocol', 'group.remote.assignor', 'partition.assignment.strategy', 'enable.partition.eof']))").message("kafka.properties must not set isolation.level, transactional.id, enable.idempotence, acks, enable.auto.commit, enable.auto.offset.store, auto.offset.reset, group.id, group.instance.id, bootstrap.servers, group.protocol, group.remote.assignor, partition.assignment.strategy or enable.partition.eof: the processor sets them for exactly-once processing and its eager rebalance handling (the KIP-848 consumer protocol and cooperative assignors are not supported)"))]
 #[serde(rename_all = "camelCase")]
 pub struct KafkaSpec {
     /// Comma-separated `host:port` list.
@@ -208,7 +212,9 @@ pub struct KafkaSpec {
     pub bootstrap_servers: String,
     /// librdkafka client properties passed through as they are, e.g. `security.protocol:
     /// SASL_SSL`, `sasl.mechanism: SCRAM-SHA-512`. Put secrets in `sasl` and `tls`, not here.
+    /// At most 128 (the bound keeps the CEL rules' cost within the API server's budget).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 128))]
     pub properties: BTreeMap<String, String>,
     /// SASL credentials from a Secret (become `sasl.username` / `sasl.password`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -507,6 +513,16 @@ pub struct PodStateStatus {
     /// Quarantined stores on this pod's volume.
     #[serde(default)]
     pub quarantines: i32,
+    /// Records the processor sent to the dead-letter topic since it started (committed).
+    #[serde(default)]
+    pub dead_letters: i64,
+    /// The latest dead letter: when, its reason, where the original is and what went wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_dead_letter: Option<String>,
+    /// Partitions of the input topic. With more replicas than partitions some pods own none:
+    /// they stay Ready and idle, and take partitions over when another pod goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_partitions: Option<i32>,
     /// Why the state is not healthy, when it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -520,6 +536,16 @@ pub struct PodStateStatus {
 #[serde(rename_all = "camelCase")]
 pub struct TaskStateStatus {
     pub partition: i32,
+    /// Opening, Restoring, Restored, Active or BackingOff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Why the store cannot be used for now (a full disk, an I/O error, its lock held), while
+    /// the processor backs off and retries. Such stores are never quarantined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<String>,
+    /// Since when the store backs off (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_since: Option<String>,
     /// Next input offset, as committed in the last transaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub committed_offset: Option<i64>,
@@ -532,7 +558,7 @@ pub struct TaskStateStatus {
     /// While restoring: records restored so far of records to restore.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreStatus>,
-    /// How the store was opened: Clean, ReplayedTail, FullRestore or Rebuilt.
+    /// How the store was opened: Clean, ReplayedTail, FullRestore, Rebuilt or Resumed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opened: Option<String>,
     /// Seconds since the store last durably recorded a commit (or a drain checkpoint).
@@ -613,11 +639,40 @@ mod tests {
     }
 
     #[test]
+    fn the_crd_refuses_exactly_the_reserved_kafka_properties() {
+        let crd = serde_json::to_string(&StreamApp::crd()).unwrap();
+        let start = crd
+            .find("self.properties.all(k, !(k in [")
+            .expect("the rule");
+        let list = &crd[start..start + crd[start..].find(']').unwrap()];
+        let in_rule: Vec<&str> = list
+            .split('[')
+            .nth(1)
+            .unwrap()
+            .split(", ")
+            .map(|k| k.trim_matches('\''))
+            .collect();
+        assert_eq!(in_rule, crate::config::RESERVED_KAFKA_PROPERTIES);
+    }
+
+    #[test]
     fn cel_rules_are_in_the_schema() {
         let crd = serde_json::to_string(&StreamApp::crd()).unwrap();
         assert!(crd.contains(
             "duration(self.topology.retention) > duration(self.topology.commitInterval)"
         ));
         assert!(crd.contains("storage.size may grow but not shrink"));
+        assert!(crd.contains("self.rocksdb.compactionStyle != 'Fifo'"));
+        assert!(
+            crd.contains("duration(self.topology.maxSkew) < duration(self.topology.retention)")
+        );
+        assert!(crd.contains(&format!(
+            "quantity(self.topology.maxValueSize).asInteger() + {} <=",
+            crate::config::RECORD_OVERHEAD_BYTES
+        )));
+        assert!(crd.contains(&format!(
+            ": {})",
+            crate::config::DEFAULT_PRODUCER_MESSAGE_MAX_BYTES
+        )));
     }
 }

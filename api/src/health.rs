@@ -4,6 +4,7 @@
 //! The processor writes it; the agent reads it (also after the processor died, which is why
 //! it lives on the state volume and not only behind HTTP). Times are Unix milliseconds.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
@@ -58,9 +59,36 @@ pub struct ProcessorHealth {
     /// Why the processor failed, when phase is Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why `/readyz` does not answer 200, when it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready_reason: Option<String>,
+    /// Partitions of the input topic, as found at start-up. A processor that owns none of
+    /// them (more replicas than partitions) is idle by design and still ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_partitions: Option<u32>,
+    /// Dead letters committed since the processor started, by reason (the
+    /// `streamapp.dlq.reason` header).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dead_letters: BTreeMap<String, u64>,
+    /// The latest committed dead letter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_dead_letter: Option<DeadLetterNote>,
     /// One entry per task (input partition) this process owns.
     #[serde(default)]
     pub tasks: Vec<TaskHealth>,
+}
+
+/// A record that went to the dead-letter topic.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterNote {
+    pub at_ms: i64,
+    /// The `streamapp.dlq.reason` header.
+    pub reason: String,
+    /// `topic/partition/offset` of the original record.
+    pub source: String,
+    /// What went wrong, in words.
+    pub detail: String,
 }
 
 /// Who asked the processor to drain.
@@ -84,6 +112,58 @@ pub enum StoreOpen {
     FullRestore,
     /// The store was damaged: quarantined and rebuilt from the changelog.
     Rebuilt,
+    /// The partition came back to this process while its store was still open (suspended
+    /// after a revoke): the changelog tail was replayed into it.
+    Resumed,
+}
+
+/// Where a task is in its lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TaskState {
+    /// Assigned; the store is being opened.
+    Opening,
+    /// Replaying the changelog tail into the store.
+    Restoring,
+    /// Restored; joins the consumer's assignment once the open transaction commits.
+    Restored,
+    /// Processing records.
+    Active,
+    /// The store cannot be used for now (disk full, an I/O error, its lock held): closed and
+    /// retried later. Nothing is deleted or quarantined.
+    BackingOff,
+}
+
+/// Why a store cannot be used for now, although it is not damaged.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub enum StoreUnavailable {
+    /// No space left on the state (or WAL) volume.
+    DiskFull,
+    /// Another process holds the store's LOCK file.
+    Locked,
+    /// An I/O error other than a full disk (EIO, a read-only remount, ...).
+    Io,
+    /// RocksDB refused the store's options or format (InvalidArgument, NotSupported).
+    Incompatible,
+    /// The store was found damaged and rebuilt several times in a row without ever becoming
+    /// healthy: the volume itself is suspect, so the processor stops quarantining it.
+    RepeatedDamage,
+}
+
+/// A task backing off.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreBackoff {
+    pub kind: StoreUnavailable,
+    /// RocksDB's (or the file system's) message.
+    pub reason: String,
+    /// When this episode started (the first failure).
+    pub since_ms: i64,
+    /// Failed attempts so far in this episode.
+    pub attempts: u32,
+    /// When the store is tried again.
+    pub retry_at_ms: i64,
 }
 
 /// One task: an input partition, its store and its changelog partition.
@@ -91,6 +171,12 @@ pub enum StoreOpen {
 #[serde(rename_all = "camelCase")]
 pub struct TaskHealth {
     pub partition: i32,
+    /// Where the task is in its lifecycle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<TaskState>,
+    /// Set while the task backs off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<StoreBackoff>,
     /// Next input offset to process, as committed in the last Kafka transaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub committed_offset: Option<i64>,

@@ -7,10 +7,15 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-/// Liveness: answers 200 while the process runs.
+/// Liveness: 200 while the processing loop makes progress (polls, commits, restore steps,
+/// or waits by choice), 503 once it has been stuck longer than `livenessTimeout`.
 pub const HEALTHZ: &str = "/healthz";
-/// Readiness: 200 only once every store is restored and processing.
+/// Readiness: 200 once the processor has its assignment and every store it owns is restored
+/// and processing (also when it owns no partition at all), 503 with the reason otherwise.
 pub const READYZ: &str = "/readyz";
+/// The processor's health report as JSON (the health file's content, fresh from memory: it
+/// answers also when the state volume is full and the file cannot be rewritten).
+pub const HEALTH: &str = "/health";
 /// Drain (POST): finish, flush, checkpoint, stop. Waits for the outcome.
 pub const DRAIN: &str = "/drain";
 

@@ -44,6 +44,7 @@ pub mod spec_reference;
 pub mod statefulset;
 pub mod status;
 pub mod storage;
+pub mod task_reports;
 #[cfg(test)]
 mod testing;
 

@@ -231,7 +231,7 @@ mod tests {
         };
         assert_eq!(
             pod_problems(&[status("2026-12-01T09:58:00Z", true)], now()),
-            [oom.clone()]
+            std::slice::from_ref(&oom)
         );
         assert_eq!(
             pod_problems(&[status("2026-12-01T08:00:00Z", true)], now()),

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
-use streamapp_api::config::{KafkaClient, ProcessorConfig};
+use streamapp_api::config::{KafkaClient, ProcessorConfig, default_liveness_timeout};
 use streamapp_api::crd::StreamApp;
 
 use crate::owned;
@@ -63,6 +63,7 @@ pub fn processor_config(app: &StreamApp) -> ProcessorConfig {
             .map(|_| WAL_DIR.to_string()),
         http_port: HTTP_PORT,
         drain_timeout: spec.shutdown.drain_timeout.clone(),
+        liveness_timeout: default_liveness_timeout(),
     }
 }
 

@@ -636,10 +636,21 @@ fn state_health(reports: &[&PodStateStatus], desired: i32) -> StateHealth {
             message: rebuilding.join("; "),
         };
     }
+    if let Some(message) = crate::task_reports::stores_backing_off(reports) {
+        return StateHealth {
+            status: "False",
+            reason: crate::task_reports::STORE_BACKING_OFF,
+            message,
+        };
+    }
+    let mut message = format!("{} of {desired} pods report healthy stores", reports.len());
+    if let Some(idle) = crate::task_reports::idle_replicas(desired, reports) {
+        message = format!("{message}; {idle}");
+    }
     StateHealth {
         status: "True",
         reason: STORES_HEALTHY,
-        message: format!("{} of {desired} pods report healthy stores", reports.len()),
+        message,
     }
 }
 

@@ -144,6 +144,76 @@ async fn kafka_properties_the_processor_owns_are_refused() {
 }
 
 #[tokio::test]
+async fn fifo_compaction_is_refused() {
+    let ns = namespace("fifo").await;
+    let app = with(
+        streamapp_json("a", 1),
+        "/spec/rocksdb",
+        serde_json::json!({ "compactionStyle": "Fifo" }),
+    );
+    assert_refused(
+        &ns.name,
+        app,
+        "rocksdb.compactionStyle Fifo deletes the oldest SST files",
+    );
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn the_kip_848_group_protocol_is_refused() {
+    let ns = namespace("kip848").await;
+    let app = with(
+        streamapp_json("a", 1),
+        "/spec/kafka/properties",
+        serde_json::json!({ "group.protocol": "consumer" }),
+    );
+    assert_refused(
+        &ns.name,
+        app,
+        "the KIP-848 consumer protocol and cooperative assignors are not supported",
+    );
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn a_max_value_size_the_producer_cannot_send_is_refused_unless_message_max_bytes_allows_it() {
+    let ns = namespace("maxvalue").await;
+    let big = with(
+        streamapp_json("a", 1),
+        "/spec/topology/maxValueSize",
+        "1Mi".into(),
+    );
+    assert_refused(
+        &ns.name,
+        big.clone(),
+        "topology.maxValueSize plus 64Ki for key and headers must fit the producer's message.max.bytes",
+    );
+    let allowed = with(
+        big,
+        "/spec/kafka/properties",
+        serde_json::json!({ "message.max.bytes": "2000000" }),
+    );
+    apply(&ns.name, &allowed).expect("a larger message.max.bytes makes room");
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn a_max_skew_not_less_than_the_retention_is_refused() {
+    let ns = namespace("skew").await;
+    let app = with(
+        streamapp_json("a", 1),
+        "/spec/topology/maxSkew",
+        "2h".into(),
+    );
+    assert_refused(
+        &ns.name,
+        app,
+        "topology.maxSkew must be less than topology.retention",
+    );
+    ns.delete().await;
+}
+
+#[tokio::test]
 async fn shrinking_the_storage_on_update_is_refused() {
     let ns = namespace("shrink").await;
     let app = with(

@@ -1,28 +1,45 @@
-//! The store's changelog topic: created at start-up when missing, validated when present.
+//! The store's changelog topic: created at start-up when missing, validated and reconciled when
+//! present.
 //!
 //! One changelog partition per input partition (task p writes changelog partition p), so a
 //! partition-count mismatch would silently mix stores: it is a start-up error instead.
+//!
+//! The processor owns the changelog's retention: records must outlive the window they
+//! deduplicate, so `retention.ms` follows `topology.retention` (plus a day, like Kafka Streams'
+//! window-store changelogs) also when it changes after creation, the cleanup policy is
+//! `compact,delete`, and `retention.bytes` is unlimited (deleting by size would forget ids
+//! that should still deduplicate).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, AlterConfig, ConfigSource, NewTopic, ResourceSpecifier,
+    TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
-use tracing::info;
+use tracing::{info, warn};
+
+/// The changelog's cleanup policy.
+pub const CLEANUP_POLICY: &str = "compact,delete";
+/// How much longer than the window the changelog keeps records.
+pub const RETENTION_MARGIN: Duration = Duration::from_secs(86_400);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChangelogError {
     #[error(
-        "input topic {topic} does not exist (or has no partitions); create it before starting the processor"
+        "input topic {topic} (topology.inputTopic) does not exist (or has no partitions); create it before starting the processor"
     )]
     NoInput { topic: String },
     #[error(
         "changelog topic {changelog} has {changelog_partitions} partitions but input topic {input} has \
-         {input_partitions}: each input partition needs its own changelog partition. Recreate the changelog \
-         with {input_partitions} partitions (its data is rebuilt from it, so only do this with the app stopped), \
-         or restore the input topic's partition count"
+         {input_partitions}: each input partition needs its own changelog partition. Restore the input \
+         topic's partition count, or (with the app stopped) recreate the changelog with {input_partitions} \
+         partitions: the stores are then rebuilt from the new, empty changelog, so ids remembered only in \
+         the old one are forgotten"
     )]
     PartitionMismatch {
         changelog: String,
@@ -32,6 +49,14 @@ pub enum ChangelogError {
     },
     #[error("changelog topic {topic}: {what}")]
     Kafka { topic: String, what: String },
+}
+
+impl ChangelogError {
+    /// A refusal the configuration or the topics must change for (as opposed to Kafka being
+    /// unreachable): the process exits with the configuration exit code.
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, ChangelogError::Kafka { .. })
+    }
 }
 
 fn partitions(client: &BaseConsumer, topic: &str) -> Result<usize, ChangelogError> {
@@ -48,52 +73,99 @@ fn partitions(client: &BaseConsumer, topic: &str) -> Result<usize, ChangelogErro
         .map_or(0, |t| t.partitions().len()))
 }
 
-/// Makes sure the changelog exists with as many partitions as the input; returns that count.
+/// The changelog's `retention.ms` for a window of `retention`.
+pub fn retention_ms(retention: Duration) -> String {
+    (retention + RETENTION_MARGIN).as_millis().to_string()
+}
+
+/// A topic config as described by the broker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescribedConfig {
+    pub value: Option<String>,
+    /// Set on the topic itself (not inherited from the broker or a default).
+    pub topic_level: bool,
+}
+
+/// The topic-level configs the changelog should have, when they differ from what it has:
+/// every config set on the topic now, with the ones the processor owns corrected. (The
+/// AlterConfigs request replaces all topic-level configs, so the others are passed through.)
+/// Returns `None` when nothing needs to change, else the full set and what changed.
+pub fn reconcile(
+    current: &BTreeMap<String, DescribedConfig>,
+    retention: Duration,
+) -> Option<(BTreeMap<String, String>, Vec<String>)> {
+    let desired = [
+        ("cleanup.policy", CLEANUP_POLICY.to_string()),
+        ("retention.ms", retention_ms(retention)),
+        ("retention.bytes", "-1".to_string()),
+    ];
+    let mut set: BTreeMap<String, String> = current
+        .iter()
+        .filter(|(_, c)| c.topic_level)
+        .filter_map(|(k, c)| Some((k.clone(), c.value.clone()?)))
+        .collect();
+    let mut changes = Vec::new();
+    for (key, want) in desired {
+        let have = current.get(key).and_then(|c| c.value.clone());
+        let same = match key {
+            // The same policies in any order.
+            "cleanup.policy" => have.as_deref().is_some_and(|h| {
+                let mut a: Vec<&str> = h.split(',').map(str::trim).collect();
+                let mut b: Vec<&str> = want.split(',').collect();
+                a.sort();
+                b.sort();
+                a == b
+            }),
+            _ => have.as_deref() == Some(want.as_str()),
+        };
+        if !same {
+            changes.push(format!(
+                "{key}: {} -> {want}",
+                have.as_deref().unwrap_or("unset")
+            ));
+            set.insert(key.to_string(), want);
+        }
+    }
+    (!changes.is_empty()).then_some((set, changes))
+}
+
+/// Makes sure the changelog exists with as many partitions as the input and the retention the
+/// window needs; returns the input's partition count.
 pub async fn ensure(
     client: &ClientConfig,
     input: &str,
     changelog: &str,
     retention: Duration,
 ) -> Result<usize, ChangelogError> {
-    let probe: BaseConsumer = client.create().map_err(|e| ChangelogError::Kafka {
+    let kafka = |what: String| ChangelogError::Kafka {
         topic: changelog.into(),
-        what: e.to_string(),
-    })?;
+        what,
+    };
+    let probe: BaseConsumer = client.create().map_err(|e| kafka(e.to_string()))?;
     let input_partitions = partitions(&probe, input)?;
     if input_partitions == 0 {
         return Err(ChangelogError::NoInput {
             topic: input.into(),
         });
     }
+    let admin: AdminClient<DefaultClientContext> =
+        client.create().map_err(|e| kafka(e.to_string()))?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let existing = partitions(&probe, changelog)?;
     if existing == 0 {
-        let admin: AdminClient<DefaultClientContext> =
-            client.create().map_err(|e| ChangelogError::Kafka {
-                topic: changelog.into(),
-                what: e.to_string(),
-            })?;
-        // Compacted (one record per id survives) and deleted after the retention plus a day,
-        // like Kafka Streams' window-store changelogs.
-        let retention_ms = (retention + Duration::from_secs(86_400))
-            .as_millis()
-            .to_string();
+        let retention_ms = retention_ms(retention);
         let topic = NewTopic::new(
             changelog,
             input_partitions as i32,
             TopicReplication::Fixed(-1),
         )
-        .set("cleanup.policy", "compact,delete")
-        .set("retention.ms", &retention_ms);
+        .set("cleanup.policy", CLEANUP_POLICY)
+        .set("retention.ms", &retention_ms)
+        .set("retention.bytes", "-1");
         let result = admin
-            .create_topics(
-                [&topic],
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-            )
+            .create_topics([&topic], &options)
             .await
-            .map_err(|e| ChangelogError::Kafka {
-                topic: changelog.into(),
-                what: e.to_string(),
-            })?;
+            .map_err(|e| kafka(e.to_string()))?;
         for r in result {
             match r {
                 Ok(_) => info!(
@@ -103,12 +175,7 @@ pub async fn ensure(
                 ),
                 // Another replica created it first: validate below.
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((_, code)) => {
-                    return Err(ChangelogError::Kafka {
-                        topic: changelog.into(),
-                        what: format!("creating: {code}"),
-                    });
-                }
+                Err((_, code)) => return Err(kafka(format!("creating: {code}"))),
             }
         }
         // Metadata may lag creation a little.
@@ -128,5 +195,130 @@ pub async fn ensure(
             input_partitions,
         });
     }
+    reconcile_configs(&admin, &options, changelog, retention).await?;
     Ok(input_partitions)
+}
+
+async fn reconcile_configs(
+    admin: &AdminClient<DefaultClientContext>,
+    options: &AdminOptions,
+    changelog: &str,
+    retention: Duration,
+) -> Result<(), ChangelogError> {
+    let kafka = |what: String| ChangelogError::Kafka {
+        topic: changelog.into(),
+        what,
+    };
+    let described = admin
+        .describe_configs([&ResourceSpecifier::Topic(changelog)], options)
+        .await
+        .map_err(|e| kafka(format!("describing its configuration: {e}")))?;
+    let resource = match described.into_iter().next() {
+        Some(Ok(r)) => r,
+        Some(Err(code)) => {
+            // Without DescribeConfigs permission the processor cannot tell; it says so.
+            warn!(topic = changelog, error = %code, "cannot read the changelog's configuration: its retention is not checked");
+            return Ok(());
+        }
+        None => return Err(kafka("no answer describing its configuration".into())),
+    };
+    let current: BTreeMap<String, DescribedConfig> = resource
+        .entries
+        .into_iter()
+        .map(|e| {
+            (
+                e.name,
+                DescribedConfig {
+                    value: e.value,
+                    topic_level: e.source == ConfigSource::DynamicTopic,
+                },
+            )
+        })
+        .collect();
+    let Some((set, changes)) = reconcile(&current, retention) else {
+        return Ok(());
+    };
+    let mut alter = AlterConfig::new(ResourceSpecifier::Topic(changelog));
+    for (k, v) in &set {
+        alter = alter.set(k, v);
+    }
+    let result = admin
+        .alter_configs([&alter], options)
+        .await
+        .map_err(|e| kafka(format!("altering its configuration: {e}")))?;
+    match result.into_iter().next() {
+        Some(Ok(_)) => {
+            info!(topic = changelog, changes = %changes.join(", "), "reconciled the changelog's configuration with the topology");
+            Ok(())
+        }
+        Some(Err((_, code))) => Err(kafka(format!(
+            "cannot set {} ({code}): the changelog must keep records for topology.retention plus a day",
+            changes.join(", ")
+        ))),
+        None => Err(kafka("no answer altering its configuration".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn described(entries: &[(&str, &str, bool)]) -> BTreeMap<String, DescribedConfig> {
+        entries
+            .iter()
+            .map(|(k, v, topic_level)| {
+                (
+                    k.to_string(),
+                    DescribedConfig {
+                        value: Some(v.to_string()),
+                        topic_level: *topic_level,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn a_changelog_that_matches_the_window_is_left_alone() {
+        let current = described(&[
+            ("cleanup.policy", "delete,compact", true),
+            ("retention.ms", "90000000", true),
+            ("retention.bytes", "-1", false),
+        ]);
+        assert_eq!(reconcile(&current, HOUR), None);
+    }
+
+    #[test]
+    fn a_longer_window_raises_the_retention_and_keeps_other_topic_settings() {
+        let current = described(&[
+            ("cleanup.policy", "compact,delete", true),
+            ("retention.ms", "90000000", true),
+            ("retention.bytes", "-1", false),
+            ("min.insync.replicas", "2", true),
+            ("segment.bytes", "1073741824", false),
+        ]);
+        let (set, changes) = reconcile(&current, 2 * HOUR).unwrap();
+        assert_eq!(set["retention.ms"], (2 * 3600 + 86_400).to_string() + "000");
+        assert_eq!(set["min.insync.replicas"], "2", "passed through");
+        assert!(
+            !set.contains_key("segment.bytes"),
+            "inherited settings stay inherited"
+        );
+        assert_eq!(changes, ["retention.ms: 90000000 -> 93600000"]);
+    }
+
+    #[test]
+    fn a_delete_only_policy_or_a_size_limit_is_corrected() {
+        let current = described(&[
+            ("cleanup.policy", "delete", true),
+            ("retention.ms", "90000000", true),
+            ("retention.bytes", "1000000", false),
+        ]);
+        let (set, changes) = reconcile(&current, HOUR).unwrap();
+        assert_eq!(set["cleanup.policy"], CLEANUP_POLICY);
+        assert_eq!(set["retention.bytes"], "-1");
+        assert_eq!(changes.len(), 2);
+    }
 }

@@ -1,15 +1,25 @@
-//! Fault injection for tests: makes the topology fail, or the process die, right after a
-//! store put, on records that ask for it.
+//! Fault injection for tests: makes the topology fail, stall or the process die at the points
+//! where exactly-once is hardest to keep.
 //!
 //! Off unless the environment variable `STREAMAPP_FAULTS` enables it, with a budget per fault:
-//! `STREAMAPP_FAULTS=fail-after-put=2,crash-after-put=1`. A record asks with the header
-//! `streamapp.fault: fail-after-put` (the downstream `enrich` stage fails, so the transaction
-//! aborts and is retried) or `streamapp.fault: crash-after-put` (the process aborts on the
-//! spot, like `kill -9` with the put staged) or `streamapp.fault: grow-memory-after-put` (the
-//! stage allocates memory until the kernel kills the process for exceeding its memory limit:
-//! how a real node reports an OOM kill). Production processors ignore the header.
+//! `STREAMAPP_FAULTS=fail-after-put=2,crash-after-put=1`. Production processors ignore the
+//! header. Faults at a record ask with the header `streamapp.fault: <name>[:<delay ms>]`; the
+//! delay is spent in the stage (the loop makes no progress meanwhile) before the fault acts:
+//!
+//! - `fail-after-put`: the downstream `enrich` stage fails, so the transaction aborts and the
+//!   record is tried again (`topology.maxRecordAttempts` bounds how often);
+//! - `crash-after-put`: the process aborts on the spot, like `kill -9` with the put staged;
+//! - `stall-after-put`: the stage only takes long (the delay), then succeeds;
+//! - `grow-memory-after-put`: the stage allocates memory until the kernel kills the process
+//!   for exceeding its memory limit (how a real node reports an OOM kill);
+//! - `crash-after-commit`: the process aborts right after the Kafka transaction holding the
+//!   record committed, before its writes reach the store.
+//!
+//! One fault needs no record: `crash-after-revoke` aborts the process right after a revoke
+//! suspended its stores (kill -9 while suspended).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 pub const FAULT_HEADER: &str = "streamapp.fault";
 pub const ENV: &str = "STREAMAPP_FAULTS";
@@ -17,6 +27,8 @@ pub const ENV: &str = "STREAMAPP_FAULTS";
 #[derive(Debug, Default)]
 pub struct Faults {
     budget: HashMap<String, u32>,
+    /// A record asked to crash after its transaction commits.
+    crash_after_commit: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -40,18 +52,42 @@ impl Faults {
                 Some((name.to_string(), n.parse().ok()?))
             })
             .collect();
-        Faults { budget }
+        Faults {
+            budget,
+            crash_after_commit: false,
+        }
     }
 
-    /// Called by the `enrich` stage after the store put. Dies for `crash-after-put`.
+    fn take(&mut self, name: &str) -> bool {
+        match self.budget.get_mut(name).filter(|n| **n > 0) {
+            Some(left) => {
+                *left -= 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Called by the `enrich` stage after the store put, with the record's fault header.
     pub fn after_put(&mut self, requested: Option<&[u8]>) -> Result<(), Injected> {
-        let Some(name) = requested.and_then(|r| std::str::from_utf8(r).ok()) else {
+        let Some(request) = requested.and_then(|r| std::str::from_utf8(r).ok()) else {
             return Ok(());
         };
-        let Some(left) = self.budget.get_mut(name).filter(|n| **n > 0) else {
-            return Ok(());
+        let (name, delay) = match request.split_once(':') {
+            Some((name, ms)) => (name, ms.parse().ok().map(Duration::from_millis)),
+            None => (request, None),
         };
-        *left -= 1;
+        if !self.take(name) {
+            return Ok(());
+        }
+        if let Some(delay) = delay {
+            tracing::warn!(
+                fault = name,
+                delay_ms = delay.as_millis() as u64,
+                "fault injection: stalling the enrich stage"
+            );
+            std::thread::sleep(delay);
+        }
         match name {
             "crash-after-put" => {
                 tracing::warn!("fault injection: crashing after a store put");
@@ -63,14 +99,36 @@ impl Faults {
                 loop {
                     // Touched, so the pages are really in use.
                     held.push(vec![1u8; 16 << 20]);
-                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    std::thread::sleep(Duration::from_millis(5));
                 }
             }
             "fail-after-put" => {
                 tracing::warn!("fault injection: failing the enrich stage after a store put");
                 Err(Injected::Fail)
             }
+            "crash-after-commit" => {
+                self.crash_after_commit = true;
+                Ok(())
+            }
             _ => Ok(()),
+        }
+    }
+
+    /// Called after a transaction committed, before its writes are applied to the stores.
+    pub fn after_commit(&mut self) {
+        if std::mem::take(&mut self.crash_after_commit) {
+            tracing::warn!(
+                "fault injection: crashing after the Kafka commit, before the store apply"
+            );
+            std::process::abort();
+        }
+    }
+
+    /// Called after a revoke suspended the stores.
+    pub fn after_revoke(&mut self) {
+        if self.take("crash-after-revoke") {
+            tracing::warn!("fault injection: crashing while the stores are suspended");
+            std::process::abort();
         }
     }
 }
@@ -88,5 +146,14 @@ mod tests {
         assert_eq!(f.after_put(Some(b"fail-after-put")), Ok(()));
         let mut off = Faults::default();
         assert_eq!(off.after_put(Some(b"fail-after-put")), Ok(()));
+    }
+
+    #[test]
+    fn a_fault_may_stall_the_stage_before_it_acts() {
+        let mut f = Faults::parse("fail-after-put=1,stall-after-put=1");
+        let start = std::time::Instant::now();
+        assert_eq!(f.after_put(Some(b"stall-after-put:30")), Ok(()));
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        assert_eq!(f.after_put(Some(b"fail-after-put:1")), Err(Injected::Fail));
     }
 }

@@ -1,4 +1,5 @@
-//! The processor's HTTP endpoints: `/metrics`, `/healthz`, `/readyz` and `POST /drain`.
+//! The processor's HTTP endpoints: `/metrics`, `/healthz`, `/readyz`, `/health` and
+//! `POST /drain`.
 //!
 //! The drain endpoint stops processing, so it only answers callers on the loopback interface
 //! (the preStop hook runs `streamapp-processor drain` inside the pod) or callers presenting
@@ -24,25 +25,36 @@ struct AppState {
     registry: Arc<Registry>,
     drain_token: Option<String>,
     drain_timeout: Duration,
+    liveness_timeout: Duration,
+}
+
+/// How the endpoints behave.
+pub struct HttpOptions {
+    /// Bearer token that allows the drain endpoint from other hosts.
+    pub drain_token: Option<String>,
+    pub drain_timeout: Duration,
+    /// `/healthz` fails once the loop made no progress for this long.
+    pub liveness_timeout: Duration,
 }
 
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
     registry: Arc<Registry>,
-    drain_token: Option<String>,
-    drain_timeout: Duration,
+    options: HttpOptions,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
-        .route(probe::HEALTHZ, get(|| async { "ok" }))
+        .route(probe::HEALTHZ, get(live))
         .route(probe::READYZ, get(ready))
+        .route(probe::HEALTH, get(health))
         .route(probe::DRAIN, post(drain))
         .with_state(AppState {
             shared,
             registry,
-            drain_token,
-            drain_timeout,
+            drain_token: options.drain_token,
+            drain_timeout: options.drain_timeout,
+            liveness_timeout: options.liveness_timeout,
         });
     axum::serve(
         listener,
@@ -63,15 +75,27 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
+async fn live(State(s): State<AppState>) -> impl IntoResponse {
+    match crate::probes::liveness(s.shared.since_progress(), s.liveness_timeout) {
+        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not live: {why}")),
+    }
+}
+
 async fn ready(State(s): State<AppState>) -> impl IntoResponse {
     if s.shared.is_ready() {
         (StatusCode::OK, "ready".to_string())
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {:?}", s.shared.health().phase),
-        )
+        let health = s.shared.health();
+        let why = health
+            .not_ready_reason
+            .unwrap_or_else(|| format!("{:?}", health.phase));
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}"))
     }
+}
+
+async fn health(State(s): State<AppState>) -> impl IntoResponse {
+    axum::Json(s.shared.health())
 }
 
 async fn drain(

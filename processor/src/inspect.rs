@@ -21,6 +21,8 @@ pub struct Report {
 #[serde(rename_all = "camelCase")]
 pub struct TaskReport {
     pub partition: i32,
+    /// The changelog topic and partition the store is a prefix of.
+    pub changelog: Option<(String, i64)>,
     pub changelog_offset: Option<i64>,
     pub input_offset: Option<i64>,
     pub stream_time: Option<i64>,
@@ -71,6 +73,7 @@ pub fn inspect(root: &Path, wal_root: Option<&Path>) -> Report {
             match crate::store::open_read_only(&state.store_dir(p), state.wal_dir(p).as_deref()) {
                 Ok(s) => TaskReport {
                     partition: p,
+                    changelog: s.changelog,
                     changelog_offset: s.meta.changelog_offset,
                     input_offset: s.meta.input_offset,
                     stream_time: s.meta.stream_time,
@@ -83,6 +86,7 @@ pub fn inspect(root: &Path, wal_root: Option<&Path>) -> Report {
                 },
                 Err(e) => TaskReport {
                     partition: p,
+                    changelog: None,
                     changelog_offset: None,
                     input_offset: None,
                     stream_time: None,

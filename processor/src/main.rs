@@ -12,18 +12,19 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rdkafka::config::ClientConfig;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use streamapp_api::config::ProcessorConfig;
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase};
 use streamapp_api::units::parse_duration;
 use streamapp_processor::engine::{Engine, EngineConfig, EngineError};
 use streamapp_processor::shared::{Shared, now_ms};
 use streamapp_processor::state_dir::StateDir;
+use streamapp_processor::topics::{self, WrittenTopic};
 use streamapp_processor::{changelog, checkpoint, faults::Faults, http, inspect, metrics::Metrics};
 use tracing::{error, info, warn};
 
 /// Exit codes: what a supervisor (and a test) can tell apart.
 const EXIT_FAILED: u8 = 1;
+/// The configuration, or a start-up check of the topics, refused: restarting does not help.
 const EXIT_CONFIG: u8 = 2;
 const EXIT_FENCED: u8 = 3;
 
@@ -106,6 +107,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info,librdkafka=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a container's log is a file (kubectl logs, log shippers).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match Cli::parse().command {
         Command::Run(args) => run(args),
@@ -243,6 +246,7 @@ fn run(args: RunArgs) -> ExitCode {
         .expect("tokio runtime");
 
     let drain_timeout = parse_duration(&config.drain_timeout).expect("validated");
+    let liveness_timeout = parse_duration(&config.liveness_timeout).expect("validated");
     let listener =
         match runtime.block_on(tokio::net::TcpListener::bind(("0.0.0.0", config.http_port))) {
             Ok(l) => l,
@@ -254,12 +258,16 @@ fn run(args: RunArgs) -> ExitCode {
                 return ExitCode::from(EXIT_FAILED);
             }
         };
+    shared.beat();
     runtime.spawn(http::serve(
         listener,
         shared.clone(),
         Arc::new(registry),
-        args.drain_token.clone(),
-        drain_timeout,
+        http::HttpOptions {
+            drain_token: args.drain_token.clone(),
+            drain_timeout,
+            liveness_timeout,
+        },
     ));
     let signal_shared = shared.clone();
     runtime.spawn(async move {
@@ -275,20 +283,66 @@ fn run(args: RunArgs) -> ExitCode {
 
     let client = client_config(&config, &args);
     let changelog_topic = config.changelog_topic();
-    if let Err(e) = runtime.block_on(changelog::ensure(
-        &client,
-        &config.topology.input_topic,
-        &changelog_topic,
-        topology.retention,
-    )) {
+    let fail_start = |e: &dyn std::fmt::Display, code: u8| {
         error!("{e}");
         eprintln!("streamapp-processor: {e}");
         shared.update(true, |h| {
             h.phase = ProcessorPhase::Failed;
             h.error = Some(e.to_string());
         });
-        return ExitCode::from(EXIT_FAILED);
+        ExitCode::from(code)
+    };
+    let input_partitions = match runtime.block_on(changelog::ensure(
+        &client,
+        &config.topology.input_topic,
+        &changelog_topic,
+        topology.retention,
+    )) {
+        Ok(n) => n,
+        Err(e) => {
+            let code = if e.is_refusal() {
+                EXIT_CONFIG
+            } else {
+                EXIT_FAILED
+            };
+            return fail_start(&e, code);
+        }
+    };
+    shared.beat();
+    let mut written = vec![
+        WrittenTopic {
+            field: "topology.outputTopic",
+            topic: config.topology.output_topic.clone(),
+        },
+        WrittenTopic {
+            field: "topology.deadLetterTopic",
+            topic: config.topology.dead_letter_topic.clone(),
+        },
+    ];
+    if let Some(d) = &config.topology.duplicates_topic {
+        written.push(WrittenTopic {
+            field: "topology.duplicatesTopic",
+            topic: d.clone(),
+        });
     }
+    let mut client = client;
+    match runtime.block_on(topics::check(&client, &written, topology.max_value_bytes)) {
+        // Batches larger than a topic takes would be refused as a whole.
+        Ok(checked) if client.get("batch.size").is_none() => {
+            let batch = topics::batch_size(checked.smallest_limit);
+            client.set("batch.size", batch.to_string());
+        }
+        Ok(_) => {}
+        Err(e) => {
+            let code = if e.is_refusal() {
+                EXIT_CONFIG
+            } else {
+                EXIT_FAILED
+            };
+            return fail_start(&e, code);
+        }
+    }
+    shared.beat();
     let engine_config = EngineConfig {
         application_id: config.application_id.clone(),
         pod: args.pod_name.clone(),
@@ -301,6 +355,9 @@ fn run(args: RunArgs) -> ExitCode {
         retention: topology.retention,
         commit_interval: topology.commit_interval,
         max_value_bytes: topology.max_value_bytes,
+        max_skew: topology.max_skew,
+        max_record_attempts: topology.max_record_attempts,
+        input_partitions: input_partitions as u32,
         rocksdb,
         client,
     };
@@ -327,7 +384,7 @@ fn supervise(cfg: EngineConfig, shared: Arc<Shared>, metrics: Metrics) -> ExitCo
         let fail = |e: &EngineError, code: u8| {
             error!("{e}");
             eprintln!("streamapp-processor: {e}");
-            shared.set_ready(false);
+            shared.set_not_ready("failed");
             shared.update(true, |h| {
                 h.phase = ProcessorPhase::Failed;
                 h.error = Some(e.to_string());
@@ -340,6 +397,7 @@ fn supervise(cfg: EngineConfig, shared: Arc<Shared>, metrics: Metrics) -> ExitCo
         match result {
             Ok(()) => return ExitCode::SUCCESS,
             Err(e @ EngineError::Fenced { .. }) => return fail(&e, EXIT_FENCED),
+            Err(e @ EngineError::TopicUnusable { .. }) => return fail(&e, EXIT_CONFIG),
             Err(e) => {
                 restarts.retain(|t| t.elapsed() < Duration::from_secs(300));
                 if restarts.len() >= 5 || shared.drain_requested() {
@@ -348,6 +406,7 @@ fn supervise(cfg: EngineConfig, shared: Arc<Shared>, metrics: Metrics) -> ExitCo
                 restarts.push(Instant::now());
                 warn!(error = %e, "engine failed; restarting it: staged writes are dropped and stores catch up from the changelog");
                 std::thread::sleep(Duration::from_secs(1));
+                shared.beat();
             }
         }
     }
@@ -379,7 +438,7 @@ fn run_engine(
         let step = match polled {
             None => Ok(()),
             Some(Ok(m)) => e.process(&consumer, &m),
-            Some(Err(err)) => consumer_error(err),
+            Some(Err(err)) => e.on_consumer_error(&consumer, err),
         };
         if let Err(err) = step.and_then(|()| e.tick(&consumer)) {
             e.stop();
@@ -394,20 +453,6 @@ fn run_engine(
     engine.lock().unwrap().stop();
     drop(consumer);
     result
-}
-
-fn consumer_error(err: KafkaError) -> Result<(), EngineError> {
-    match err.rdkafka_error_code() {
-        Some(RDKafkaErrorCode::FencedInstanceId) => Err(EngineError::Fenced {
-            transactional_id: "(group.instance.id)".into(),
-            detail: format!("another consumer joined with this pod's group.instance.id: {err}"),
-        }),
-        Some(RDKafkaErrorCode::Fatal) => Err(EngineError::Fatal(format!("consumer: {err}"))),
-        _ => {
-            warn!(error = %err, "consumer error");
-            Ok(())
-        }
-    }
 }
 
 /// Whether the last shutdown drained: every task dir has a checkpoint. `None` on first start.

@@ -17,6 +17,11 @@ pub struct PartitionLabel {
     pub partition: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
 /// Every metric the processor exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -34,6 +39,11 @@ pub struct Metrics {
     pub store_keys: Family<PartitionLabel, Gauge>,
     pub wal_bytes: Family<PartitionLabel, Gauge>,
     pub assigned_tasks: Gauge,
+    pub input_partitions: Gauge,
+    pub record_failures: Family<KindLabel, Counter>,
+    pub store_backoffs: Family<KindLabel, Counter>,
+    pub tasks_backing_off: Family<KindLabel, Gauge>,
+    pub transaction_timeouts: Counter,
 }
 
 impl Metrics {
@@ -53,6 +63,11 @@ impl Metrics {
             store_keys: Family::default(),
             wal_bytes: Family::default(),
             assigned_tasks: Gauge::default(),
+            input_partitions: Gauge::default(),
+            record_failures: Family::default(),
+            store_backoffs: Family::default(),
+            tasks_backing_off: Family::default(),
+            transaction_timeouts: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("streamapp_processor");
         r.register(
@@ -72,8 +87,13 @@ impl Metrics {
         );
         r.register(
             "dead_letters",
-            "Records sent to the dead-letter topic, by reason",
+            "Records sent to the dead-letter topic (committed), by reason",
             m.dead_letters.clone(),
+        );
+        r.register(
+            "record_failures",
+            "Failed attempts at a record that retrying does not fix (processing, produce): each aborts its transaction",
+            m.record_failures.clone(),
         );
         r.register(
             "transactions_committed",
@@ -125,12 +145,38 @@ impl Metrics {
             "Tasks (input partitions) owned by this process",
             m.assigned_tasks.clone(),
         );
+        r.register(
+            "input_partitions",
+            "Partitions of the input topic (a process owns none when replicas exceed them)",
+            m.input_partitions.clone(),
+        );
+        r.register(
+            "store_backoffs",
+            "Times a store became unavailable (disk full, I/O error, lock held) and backed off, by kind",
+            m.store_backoffs.clone(),
+        );
+        r.register(
+            "tasks_backing_off",
+            "Tasks whose store backs off now, by kind",
+            m.tasks_backing_off.clone(),
+        );
+        r.register(
+            "transaction_timeouts",
+            "Transactions the coordinator aborted on transaction.timeout.ms (recovered by a new producer)",
+            m.transaction_timeouts.clone(),
+        );
         m
     }
 
     pub fn partition(p: i32) -> PartitionLabel {
         PartitionLabel {
             partition: p.to_string(),
+        }
+    }
+
+    pub fn kind(kind: impl std::fmt::Debug) -> KindLabel {
+        KindLabel {
+            kind: format!("{kind:?}"),
         }
     }
 }

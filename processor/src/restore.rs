@@ -1,5 +1,9 @@
 //! Replaying a changelog partition into a task's store, from the store's own offset to the end.
 //!
+//! A store whose offset is past the end of the changelog cannot be a prefix of it (the
+//! changelog was deleted and recreated, or lost data): restore refuses to mix the two
+//! ([`RestoreError::AheadOfChangelog`]), and the task rebuilds the store from the log as it is.
+//!
 //! The changelog is read with read_committed, so aborted writes never reach the store. Restore
 //! is done in steps (a bounded number of records each) so the processing thread keeps serving
 //! the group consumer meanwhile. It is finished only when the visible end of the partition is
@@ -39,6 +43,16 @@ pub enum RestoreError {
     },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(
+        "the store has applied changelog {topic} partition {partition} up to offset {offset}, but the \
+         partition ends at {end}: the changelog was recreated or lost data, so the store is not a prefix of it"
+    )]
+    AheadOfChangelog {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        end: i64,
+    },
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -124,10 +138,37 @@ impl Restorer {
         Ok(high)
     }
 
+    /// The partition being restored, if any.
+    pub fn current(&self) -> Option<i32> {
+        self.current
+    }
+
     /// Positions the reader at the store's offset. Returns the number of records to restore
     /// (an upper bound: compaction and transaction markers make it smaller).
     pub fn begin(&mut self, partition: i32, store: &TaskStore) -> Result<u64, RestoreError> {
         let from = store.meta().changelog_offset;
+        let (low, high) = self
+            .end_probe
+            .fetch_watermarks(&self.topic, partition, Duration::from_secs(10))
+            .map_err(self.kafka_err(partition))?;
+        if let Some(offset) = from.filter(|o| *o > high) {
+            return Err(RestoreError::AheadOfChangelog {
+                topic: self.topic.clone(),
+                partition,
+                offset,
+                end: high,
+            });
+        }
+        if let Some(offset) = from.filter(|o| *o < low) {
+            // Retention deleted records the store never applied: they were older than the
+            // changelog's retention (the window plus a day), so their ids expired anyway.
+            info!(
+                partition,
+                store_offset = offset,
+                log_start = low,
+                "the changelog's start moved past the store's offset; restoring from its start"
+            );
+        }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(
             &self.topic,
@@ -140,10 +181,6 @@ impl Restorer {
             .map_err(self.kafka_err(partition))?;
         self.current = Some(partition);
         self.waiting_since = None;
-        let (low, high) = self
-            .end_probe
-            .fetch_watermarks(&self.topic, partition, Duration::from_secs(10))
-            .map_err(self.kafka_err(partition))?;
         Ok((high - from.unwrap_or(low).max(low)).max(0) as u64)
     }
 

@@ -1,8 +1,9 @@
 //! State shared by the processing thread and the HTTP server: the health report (also kept on
-//! disk as the health file), readiness, and the drain handshake.
+//! disk as the health file), readiness, the loop's progress (liveness), and the drain
+//! handshake.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use streamapp_api::health::{DrainRequest, ProcessorHealth, ProcessorPhase};
@@ -26,6 +27,12 @@ pub struct Shared {
     ready: AtomicBool,
     drain_requested: AtomicBool,
     drain_tx: watch::Sender<Option<DrainOutcome>>,
+    /// The clock progress is measured on.
+    started: Instant,
+    /// Milliseconds after `started` of the loop's latest progress.
+    progress_ms: AtomicU64,
+    /// The last health file write failed (a full volume): said once, not every second.
+    health_file_failing: AtomicBool,
 }
 
 pub fn now_ms() -> i64 {
@@ -42,6 +49,9 @@ impl Shared {
             ready: AtomicBool::new(false),
             drain_requested: AtomicBool::new(false),
             drain_tx: watch::channel(None).0,
+            started: Instant::now(),
+            progress_ms: AtomicU64::new(0),
+            health_file_failing: AtomicBool::new(false),
         }
     }
 
@@ -49,8 +59,37 @@ impl Shared {
         self.ready.load(Ordering::SeqCst)
     }
 
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::SeqCst);
+    /// Sets readiness from [`crate::probes::readiness`]'s answer; the reason goes into the
+    /// health report.
+    pub fn set_readiness(&self, readiness: Result<(), String>) {
+        let ready = readiness.is_ok();
+        let reason = readiness.err();
+        let was = self.ready.swap(ready, Ordering::SeqCst);
+        let changed = self.health.lock().unwrap().0.not_ready_reason != reason;
+        if changed {
+            self.update(was != ready, |h| h.not_ready_reason = reason);
+        }
+    }
+
+    /// Not ready, for the given reason (stopping, failed).
+    pub fn set_not_ready(&self, reason: &str) {
+        self.set_readiness(Err(reason.to_string()));
+    }
+
+    /// The loop made progress (a poll, a restore step, a commit, a retry while waiting).
+    pub fn beat(&self) {
+        let ms = self.started.elapsed().as_millis() as u64;
+        self.progress_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Time since the loop's latest progress.
+    pub fn since_progress(&self) -> Duration {
+        let now = self.started.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.progress_ms.load(Ordering::Relaxed)))
+    }
+
+    pub fn phase(&self) -> ProcessorPhase {
+        self.health.lock().unwrap().0.phase
     }
 
     /// A copy of the current health report.
@@ -69,10 +108,15 @@ impl Shared {
         if force || due || health.phase != phase {
             health.updated_at_ms = now_ms();
             let bytes = serde_json::to_vec_pretty(health).expect("health serialises");
-            if let Err(e) =
-                crate::checkpoint::write_atomically(&self.state_dir.health_file(), &bytes)
-            {
-                tracing::warn!(error = %e, "could not write the health file");
+            match crate::checkpoint::write_atomically(&self.state_dir.health_file(), &bytes) {
+                Err(e) if !self.health_file_failing.swap(true, Ordering::Relaxed) => {
+                    tracing::warn!(error = %e, "could not write the health file (GET /health still answers)");
+                }
+                Err(_) => {}
+                Ok(()) if self.health_file_failing.swap(false, Ordering::Relaxed) => {
+                    tracing::info!("the health file is written again");
+                }
+                Ok(()) => {}
             }
             *last_write = Some(Instant::now());
         }

@@ -1,5 +1,6 @@
 //! The dedup topology's decisions, free of Kafka and RocksDB: find the id of a record, refuse
-//! what cannot be processed, and decide duplicate or first occurrence.
+//! what cannot be processed (no id, bad JSON, too large, stamped too far in the future), and
+//! decide duplicate or first occurrence.
 
 use streamapp_api::config::{DedupId, DedupIdSource};
 
@@ -7,8 +8,12 @@ use streamapp_api::config::{DedupId, DedupIdSource};
 pub const DLQ_REASON_HEADER: &str = "streamapp.dlq.reason";
 /// Header carrying `topic/partition/offset` of the original record on dead-letter records.
 pub const DLQ_SOURCE_HEADER: &str = "streamapp.dlq.source";
-/// Header carrying the original value size on dead-letter records whose value was cut.
+/// Header carrying the original value size on dead-letter records that carry metadata only
+/// (the value was too large to be written again).
 pub const DLQ_ORIGINAL_SIZE_HEADER: &str = "streamapp.dlq.original-size";
+/// Header carrying what went wrong, in words (the last error of a record that failed every
+/// attempt, the limit a record exceeded).
+pub const DLQ_ERROR_HEADER: &str = "streamapp.dlq.error";
 /// Header added to output and duplicate records: the dedup id.
 pub const DEDUP_ID_HEADER: &str = "streamapp.dedup.id";
 
@@ -17,7 +22,16 @@ pub const DEDUP_ID_HEADER: &str = "streamapp.dedup.id";
 pub enum Rejection {
     MissingId,
     InvalidJson(String),
-    ValueTooLarge { size: usize, max: u64 },
+    ValueTooLarge {
+        size: usize,
+        max: u64,
+    },
+    /// The record's time is further ahead of the processor's clock than `topology.maxSkew`:
+    /// taken as it is, it would move stream time and expire every id.
+    TooFarAhead {
+        time: i64,
+        limit: i64,
+    },
 }
 
 impl Rejection {
@@ -27,7 +41,13 @@ impl Rejection {
             Rejection::MissingId => "missing-dedup-id",
             Rejection::InvalidJson(_) => "invalid-json",
             Rejection::ValueTooLarge { .. } => "value-too-large",
+            Rejection::TooFarAhead { .. } => "timestamp-too-far-ahead",
         }
+    }
+
+    /// Whether the dead letter must leave the value out (it is what was too large).
+    pub fn metadata_only(&self) -> bool {
+        matches!(self, Rejection::ValueTooLarge { .. })
     }
 
     pub fn detail(&self) -> String {
@@ -37,6 +57,10 @@ impl Rejection {
             Rejection::ValueTooLarge { size, max } => {
                 format!("the value is {size} bytes, the limit is {max}")
             }
+            Rejection::TooFarAhead { time, limit } => format!(
+                "the record time {time} is {} ms ahead of the latest accepted time {limit} (the processor's clock plus topology.maxSkew)",
+                time - limit
+            ),
         }
     }
 }
@@ -82,6 +106,18 @@ pub fn extract_id(
     match id {
         Some(id) if !id.is_empty() => Ok(id),
         _ => Err(Rejection::MissingId),
+    }
+}
+
+/// Refuses a record stamped more than `max_skew_ms` after `now_ms` (the processor's clock).
+/// Stream time is the largest record time seen: one record from the year 2125 would expire
+/// every id, and every later put would be expired on arrival.
+pub fn check_time(time: i64, now_ms: i64, max_skew_ms: i64) -> Result<(), Rejection> {
+    let limit = now_ms.saturating_add(max_skew_ms);
+    if time > limit {
+        Err(Rejection::TooFarAhead { time, limit })
+    } else {
+        Ok(())
     }
 }
 
@@ -183,6 +219,23 @@ mod tests {
                 max: 100
             })
         );
+    }
+
+    #[test]
+    fn a_record_stamped_beyond_the_clock_plus_the_skew_is_refused_and_late_ones_are_not() {
+        let now = 1_750_000_000_000;
+        let skew = 300_000;
+        assert_eq!(check_time(now, now, skew), Ok(()));
+        assert_eq!(check_time(now + skew, now, skew), Ok(()));
+        assert_eq!(
+            check_time(now - 86_400_000, now, skew),
+            Ok(()),
+            "late is fine"
+        );
+        let century = 100 * 365 * 86_400_000;
+        let e = check_time(now + century, now, skew).unwrap_err();
+        assert_eq!(e.code(), "timestamp-too-far-ahead");
+        assert!(e.detail().contains("maxSkew"), "{}", e.detail());
     }
 
     #[test]

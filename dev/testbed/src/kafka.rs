@@ -167,10 +167,18 @@ pub fn end_offsets(topic: &str) -> Vec<i64> {
     let partitions = metadata.topics()[0].partitions().len() as i32;
     (0..partitions)
         .map(|p| {
-            consumer
-                .fetch_watermarks(topic, p, Duration::from_secs(10))
-                .unwrap_or_else(|e| panic!("watermarks of {topic}/{p}: {e}"))
-                .1
+            // A broker that just restarted answers "not leader" for a moment.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                match consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
+                    Ok((_, high)) => break high,
+                    Err(e) if std::time::Instant::now() < deadline => {
+                        tracing::debug!(topic, partition = p, error = %e, "watermarks: retrying");
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Err(e) => panic!("watermarks of {topic}/{p}: {e}"),
+                }
+            }
         })
         .collect()
 }
@@ -178,6 +186,11 @@ pub fn end_offsets(topic: &str) -> Vec<i64> {
 /// The offsets consumer group `group` committed on every partition of `topic` (None where it
 /// committed nothing), in partition order.
 pub fn committed_offsets(group: &str, topic: &str) -> Vec<Option<i64>> {
+    try_committed_offsets(group, topic)
+        .unwrap_or_else(|e| panic!("committed offsets of group {group}: {e}"))
+}
+
+fn try_committed_offsets(group: &str, topic: &str) -> Result<Vec<Option<i64>>, KafkaError> {
     let consumer: BaseConsumer = client_config()
         .set("group.id", group)
         .create()
@@ -187,32 +200,33 @@ pub fn committed_offsets(group: &str, topic: &str) -> Vec<Option<i64>> {
     for p in 0..partitions {
         tpl.add_partition(topic, p);
     }
-    let committed = consumer
-        .committed_offsets(tpl, Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("committed offsets of group {group}: {e}"));
-    (0..partitions)
+    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
+    Ok((0..partitions)
         .map(
             |p| match committed.find_partition(topic, p).map(|e| e.offset()) {
                 Some(Offset::Offset(o)) => Some(o),
                 _ => None,
             },
         )
-        .collect()
+        .collect())
 }
 
 /// Waits until consumer group `group` has committed the end of every partition of `topic`:
 /// everything produced before the call has been processed and its results committed. For
 /// topics written without transactions (no markers at their end). Panics after `timeout`, with
-/// the offsets.
+/// the offsets. A group coordinator that is not available yet (a broker just restarted) counts
+/// as "not yet".
 pub fn wait_for_group_caught_up(group: &str, topic: &str, timeout: Duration) {
     let ends = end_offsets(topic);
     let deadline = std::time::Instant::now() + timeout;
     loop {
-        let committed = committed_offsets(group, topic);
-        let done = committed
-            .iter()
-            .zip(&ends)
-            .all(|(c, end)| *end == 0 || c.is_some_and(|c| c >= *end));
+        let committed = try_committed_offsets(group, topic);
+        let done = committed.as_ref().is_ok_and(|committed| {
+            committed
+                .iter()
+                .zip(&ends)
+                .all(|(c, end)| *end == 0 || c.is_some_and(|c| c >= *end))
+        });
         if done {
             return;
         }
@@ -234,4 +248,131 @@ pub fn topic_exists(topic: &str) -> bool {
         .topics()
         .iter()
         .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+}
+
+/// Kills the local broker with SIGKILL (no clean shutdown: open transactions and unflushed
+/// logs left as a crash leaves them), then starts it again with `dev/kafka.sh start` and waits
+/// until it answers. For tests of recovery from a broker crash.
+///
+/// Only ever the broker of the test's own test bed: the pid comes from
+/// `$STREAMAPP_RUN/kafka/kafka.pid`, and that process must live in the network namespace this
+/// test runs in (tests run inside it, `dev/net.sh exec`), or this panics without touching it.
+pub fn kill_and_restart_broker() {
+    let run = crate::run_dir();
+    let pidfile = run.join("kafka/kafka.pid");
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap_or_else(|e| {
+            panic!(
+                "reading {}: {e}: is dev/kafka.sh running the broker?",
+                pidfile.display()
+            )
+        })
+        .trim()
+        .parse()
+        .expect("a pid in kafka.pid");
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).ok();
+    let (theirs, ours) = (ns(&pid.to_string()), ns("self"));
+    assert!(
+        theirs.is_some() && theirs == ours,
+        "the broker (pid {pid}) is not in this test's network namespace ({theirs:?} vs {ours:?}): \
+         refusing to kill it; run the tests with `dev/net.sh exec`"
+    );
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("running kill");
+    assert!(killed.success(), "kill -9 {pid} failed");
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kafka.sh");
+    let out = std::process::Command::new(&script)
+        .arg("start")
+        .output()
+        .expect("running dev/kafka.sh start");
+    assert!(
+        out.status.success(),
+        "dev/kafka.sh start failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Serving again once every partition (the internal ones too) has a leader.
+    let probe: BaseConsumer = client_config().create().expect("creating a consumer");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let led = probe
+            .fetch_metadata(None, Duration::from_secs(10))
+            .is_ok_and(|md| {
+                md.topics().iter().all(|t| {
+                    t.error().is_none()
+                        && t.partitions()
+                            .iter()
+                            .all(|p| p.error().is_none() && p.leader() >= 0)
+                })
+            });
+        if led {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted broker did not lead its partitions within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Deletes a topic and waits until the broker's metadata no longer shows it.
+pub async fn delete_topic(name: &str) {
+    let admin: AdminClient<DefaultClientContext> = client_config()
+        .create()
+        .expect("creating a Kafka admin client");
+    let results = admin
+        .delete_topics(
+            &[name],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+        )
+        .await
+        .expect("delete_topics request");
+    for r in results {
+        if let Err((topic, code)) = r {
+            panic!("deleting topic {topic}: {code}");
+        }
+    }
+    let probe: BaseConsumer = client_config().create().expect("creating a consumer");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let md = probe
+            .fetch_metadata(Some(name), Duration::from_secs(10))
+            .expect("metadata");
+        let gone = md
+            .topics()
+            .first()
+            .is_none_or(|t| t.error().is_some() || t.partitions().is_empty());
+        if gone {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "topic {name} still there 30 s after its deletion"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The value of config `key` of `topic`, as the broker describes it.
+pub async fn topic_config(topic: &str, key: &str) -> Option<String> {
+    use rdkafka::admin::ResourceSpecifier;
+    let admin: AdminClient<DefaultClientContext> = client_config()
+        .create()
+        .expect("creating a Kafka admin client");
+    let described = admin
+        .describe_configs([&ResourceSpecifier::Topic(topic)], &AdminOptions::new())
+        .await
+        .expect("describe_configs request");
+    let resource = described
+        .into_iter()
+        .next()
+        .expect("one answer")
+        .unwrap_or_else(|code| panic!("describing {topic}: {code}"));
+    resource.get(key).and_then(|e| e.value.clone())
 }

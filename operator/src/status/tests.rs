@@ -383,6 +383,54 @@ fn a_finished_rebuild_is_healthy_again() {
 }
 
 #[test]
+fn a_store_backing_off_makes_state_unhealthy_and_an_idle_replica_is_said_in_words() {
+    let backing_off = TaskStateStatus {
+        partition: 2,
+        backoff: Some("DiskFull: No space left on device".into()),
+        ..Default::default()
+    };
+    let app = with_status(
+        app(),
+        StreamAppStatus {
+            pods: vec![report("orders-1", "Running", vec![backing_off])],
+            ..Default::default()
+        },
+    );
+    let status = status_of(&app, Some(&steady(3)), &Findings::default(), now());
+    let c = cond(&status, "StateHealthy");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "StoreBackingOff")
+    );
+    assert!(c.message.contains("partition 2"), "{}", c.message);
+
+    let mut idle = report("orders-2", "Running", vec![]);
+    idle.input_partitions = Some(2);
+    let app = with_status(
+        app_with_replicas(3),
+        StreamAppStatus {
+            pods: vec![idle],
+            ..Default::default()
+        },
+    );
+    let status = status_of(&app, Some(&steady(3)), &Findings::default(), now());
+    let c = cond(&status, "StateHealthy");
+    assert_eq!(c.reason, "StoresHealthy");
+    assert!(
+        c.message
+            .contains("input topic has 2 partitions: 1 pods own no partition"),
+        "{}",
+        c.message
+    );
+}
+
+fn app_with_replicas(replicas: i32) -> StreamApp {
+    let mut a = app();
+    a.spec.replicas = replicas;
+    a
+}
+
+#[test]
 fn reports_of_scaled_away_pods_no_longer_count() {
     let mut app = with_status(
         app(),

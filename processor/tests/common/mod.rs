@@ -13,7 +13,13 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use testbed::kafka::{self, Isolation};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_streamapp-processor");
+/// The processor binary under test: the one this package builds, or `$STREAMAPP_TEST_PROCESSOR`
+/// (to run the suite against another build, such as the previous release, and see which tests
+/// catch what it gets wrong).
+pub fn bin() -> String {
+    std::env::var("STREAMAPP_TEST_PROCESSOR")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_streamapp-processor").to_string())
+}
 
 /// The processor tests start several processes each and count on Kafka's timeouts: run them
 /// one at a time, whatever the test runner's thread count.
@@ -32,6 +38,8 @@ pub struct App {
     pub partitions: i32,
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
+    /// The configuration file's content (see [`App::rewrite_config`]).
+    pub config_json: serde_json::Value,
 }
 
 pub struct AppOptions {
@@ -42,6 +50,17 @@ pub struct AppOptions {
     pub dedup_id: serde_json::Value,
     /// Extra lines under `rocksdb:` in the config (YAML, two-space indented).
     pub rocksdb: serde_json::Value,
+    /// Merged into `topology` (e.g. `maxSkew`, `maxRecordAttempts`).
+    pub topology: serde_json::Value,
+    /// Merged into `kafka.properties`.
+    pub kafka_properties: serde_json::Value,
+    /// Merged into the top level of the configuration (e.g. `livenessTimeout`).
+    pub extra: serde_json::Value,
+    /// Topics not to create (to test what happens when one is missing).
+    pub without_topics: &'static [&'static str],
+    /// Topic configs by role (`input`, `output`, ...), e.g. `("output", "max.message.bytes",
+    /// "965536")`.
+    pub topic_configs: &'static [(&'static str, &'static str, &'static str)],
 }
 
 impl Default for AppOptions {
@@ -50,9 +69,23 @@ impl Default for AppOptions {
             partitions: 2,
             retention: "1h",
             commit_interval: "100ms",
-            max_value_size: "1Mi",
+            max_value_size: "900k",
             dedup_id: serde_json::json!({ "source": "Key" }),
             rocksdb: serde_json::json!({ "profile": "LowMemory" }),
+            topology: serde_json::json!({}),
+            kafka_properties: serde_json::json!({}),
+            extra: serde_json::json!({}),
+            without_topics: &[],
+            topic_configs: &[],
+        }
+    }
+}
+
+/// Copies the keys of `extra` (an object) into `target` (an object).
+fn merge(target: &mut serde_json::Value, extra: &serde_json::Value) {
+    if let (Some(t), Some(e)) = (target.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            t.insert(k.clone(), v.clone());
         }
     }
 }
@@ -62,10 +95,24 @@ impl App {
         let id = testbed::unique_name(prefix);
         let (input, output) = (format!("{id}-in"), format!("{id}-out"));
         let (duplicates, dead_letters) = (format!("{id}-dups"), format!("{id}-dlq"));
-        for topic in [&input, &output, &duplicates, &dead_letters] {
-            kafka::create_topic(topic, opts.partitions).await;
+        for (role, topic) in [
+            ("input", &input),
+            ("output", &output),
+            ("duplicates", &duplicates),
+            ("dead-letters", &dead_letters),
+        ] {
+            if opts.without_topics.contains(&role) {
+                continue;
+            }
+            let configs: Vec<(&str, &str)> = opts
+                .topic_configs
+                .iter()
+                .filter(|(r, _, _)| *r == role)
+                .map(|(_, k, v)| (*k, *v))
+                .collect();
+            kafka::create_topic_with(topic, opts.partitions, &configs).await;
         }
-        let config = serde_json::json!({
+        let mut config = serde_json::json!({
             "applicationId": id,
             "kafka": {
                 "bootstrapServers": kafka::bootstrap(),
@@ -89,6 +136,9 @@ impl App {
             "rocksdb": opts.rocksdb,
             "drainTimeout": "30s",
         });
+        merge(&mut config["topology"], &opts.topology);
+        merge(&mut config["kafka"]["properties"], &opts.kafka_properties);
+        merge(&mut config, &opts.extra);
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("processor.yaml");
         std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
@@ -101,11 +151,30 @@ impl App {
             partitions: opts.partitions,
             dir,
             config: config_path,
+            config_json: config,
         }
     }
 
     pub fn changelog(&self) -> String {
         format!("{}-dedup-changelog", self.id)
+    }
+
+    /// Changes the configuration file (for processors started afterwards).
+    pub fn rewrite_config(&mut self, change: impl FnOnce(&mut serde_json::Value)) {
+        change(&mut self.config_json);
+        std::fs::write(
+            &self.config,
+            serde_yaml::to_string(&self.config_json).unwrap(),
+        )
+        .unwrap();
+    }
+
+    /// Waits until the application's consumer group has committed the end of the input:
+    /// everything produced so far is processed and its results are committed with it. Then
+    /// reading a topic to its end shows every result (absence is checked this way, never by
+    /// sleeping).
+    pub fn wait_until_processed(&self, timeout: Duration) {
+        kafka::wait_for_group_caught_up(&self.id, &self.input, timeout);
     }
 
     /// A state directory for a pod of this app.
@@ -119,22 +188,51 @@ impl App {
     }
 
     pub fn start_with(&self, pod: &str, env: &[(&str, &str)]) -> Processor {
+        self.start_in(pod, env, &[])
+    }
+
+    /// Starts a processor whose command line is `prefix` followed by the processor's (e.g.
+    /// `nsenter --mount=...` to run it in another mount namespace).
+    pub fn start_in(&self, pod: &str, env: &[(&str, &str)], prefix: &[String]) -> Processor {
+        self.start_at(pod, &self.state_dir(pod), env, prefix)
+    }
+
+    /// Starts a processor for `pod` with the state directory `state`.
+    pub fn start_at(
+        &self,
+        pod: &str,
+        state: &Path,
+        env: &[(&str, &str)],
+        prefix: &[String],
+    ) -> Processor {
         let port = free_port();
-        let state = self.state_dir(pod);
+        let state = state.to_path_buf();
         std::fs::create_dir_all(&state).unwrap();
-        let log_path = self.dir.path().join(format!("{pod}.log"));
+        let log_name = state.file_name().unwrap().to_string_lossy().into_owned();
+        let log_path = self.dir.path().join(format!("{log_name}.log"));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match prefix.split_first() {
+            None => Command::new(bin()),
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin());
+                c
+            }
+        };
         cmd.arg("run")
             .env("STREAMAPP_CONFIG", &self.config)
             .env("POD_NAME", pod)
             .env("STREAMAPP_STATE_DIR", &state)
             .env("STREAMAPP_HTTP_PORT", port.to_string())
-            .env("RUST_LOG", "info,librdkafka=warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("TEST_PROCESSOR_LOG")
+                    .unwrap_or_else(|_| "info,librdkafka=warn".into()),
+            )
             .stdout(log.try_clone().unwrap())
             .stderr(log);
         for (k, v) in env {
@@ -153,8 +251,11 @@ impl App {
     /// Produces `records` (key, value, headers) to the input, non-transactionally, with
     /// explicit record times, and waits until the broker has them.
     pub fn produce(&self, records: &[Input]) {
+        let before: i64 = kafka::end_offsets(&self.input).iter().sum();
         let producer: BaseProducer = kafka::client_config()
             .set("linger.ms", "5")
+            // Room for values around the processor's limits (the broker takes 1,048,588).
+            .set("message.max.bytes", "2000000")
             .create()
             .unwrap();
         for r in records {
@@ -180,6 +281,16 @@ impl App {
             testbed::kafka::send(&producer, record);
         }
         producer.flush(Duration::from_secs(30)).unwrap();
+        // The broker may refuse records (a timestamp too far ahead, a size): a test must not
+        // go on as if they were there.
+        let after: i64 = kafka::end_offsets(&self.input).iter().sum();
+        assert!(
+            after - before >= records.len() as i64,
+            "the broker took {} of {} records produced to {}",
+            after - before,
+            records.len(),
+            self.input
+        );
     }
 
     /// The records of `topic` visible to read_committed consumers: (dedup-id header or key,
@@ -333,6 +444,82 @@ impl Processor {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the process.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal} {}", self.pid());
+    }
+
+    /// GET `path` on the processor's HTTP port: status and body.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        streamapp_api::probe::call(self.addr(), "GET", path, Duration::from_secs(2))
+            .ok()
+            .map(|r| (r.status, r.body))
+    }
+
+    /// The processor's health report, live from `/health`.
+    pub fn live_health(&self) -> streamapp_api::health::ProcessorHealth {
+        let (status, body) = self
+            .get(streamapp_api::probe::HEALTH)
+            .expect("/health answers");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).expect("/health is JSON")
+    }
+
+    /// The value of a metric line of `/metrics` (`name{labels}` as written there).
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics")?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Waits until `ok` holds for the live health report.
+    pub fn wait_health(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        ok: impl Fn(&streamapp_api::health::ProcessorHealth) -> bool,
+    ) -> streamapp_api::health::ProcessorHealth {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                panic!(
+                    "processor {} exited with {status} waiting for {what}:\n{}",
+                    self.pod,
+                    self.log_tail()
+                );
+            }
+            if let Some((200, body)) = self.get(streamapp_api::probe::HEALTH)
+                && let Ok(h) = serde_json::from_str(&body)
+                && ok(&h)
+            {
+                return h;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "processor {}: no {what} after {timeout:?}:\n{}",
+                self.pod,
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+
     /// SIGKILL: no drain, no flush, an open transaction left behind.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -343,7 +530,7 @@ impl Processor {
 
     /// Runs `streamapp-processor drain` against this processor (as the preStop hook does).
     pub fn drain(&mut self) -> std::process::Output {
-        Command::new(BIN)
+        Command::new(bin())
             .args([
                 "drain",
                 "--port",
@@ -398,9 +585,91 @@ impl Drop for Processor {
     }
 }
 
+/// A private mount namespace holding a small tmpfs at `dir`: a state volume that can be filled
+/// up. The namespace (and with it the tmpfs) lives as long as its holder process, which dies
+/// with this value and with the test process (PR_SET_PDEATHSIG via setpriv); nothing is
+/// mounted on the machine itself.
+pub struct SmallVolume {
+    holder: Child,
+    pub dir: PathBuf,
+}
+
+impl SmallVolume {
+    pub fn new(dir: &Path, size: &str) -> SmallVolume {
+        std::fs::create_dir_all(dir).unwrap();
+        let holder = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--", "unshare", "--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(format!(
+                "mount -t tmpfs -o size={size} streamapp-test \"$0\" && echo mounted && exec sleep 100000"
+            ))
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("setpriv/unshare (util-linux) to make a private mount namespace");
+        let mut volume = SmallVolume {
+            holder,
+            dir: dir.to_path_buf(),
+        };
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(volume.holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "mounted", "the tmpfs could not be mounted");
+        volume
+    }
+
+    /// The command prefix that runs a program inside the namespace.
+    pub fn prefix(&self) -> Vec<String> {
+        vec![
+            "nsenter".into(),
+            format!("--mount=/proc/{}/ns/mnt", self.holder.id()),
+            "--".into(),
+        ]
+    }
+
+    /// `path` (under [`SmallVolume::dir`]) as seen from outside the namespace.
+    pub fn outside(&self, path: &Path) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root", self.holder.id()))
+            .join(path.strip_prefix("/").unwrap())
+    }
+
+    /// Writes a file of zeros into the volume until it is full; returns its path (outside).
+    pub fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.outside(&self.dir.join("filler"));
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+        path
+    }
+}
+
+impl Drop for SmallVolume {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}
+
+/// Waits until the processor's log contains `text`.
+pub fn wait_for_log(p: &Processor, text: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !p.log_text().contains(text) {
+        assert!(
+            Instant::now() < deadline,
+            "processor {} did not log {text:?} within {timeout:?}:\n{}",
+            p.pod,
+            p.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `streamapp-processor inspect --json <dir>`.
 pub fn inspect(state: &Path) -> serde_json::Value {
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["inspect", "--json"])
         .arg(state)
         .stderr(Stdio::inherit())

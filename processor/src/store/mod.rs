@@ -3,26 +3,36 @@
 //! Writes of the open Kafka transaction are staged in memory ([`Staged`]) and reach RocksDB
 //! only through [`TaskStore::apply`], which the engine calls after the transaction committed
 //! (and restore calls with records read from the changelog under read_committed). `apply` writes
-//! the data, the changelog offset it reflects and the expiry of old ids in one atomic
-//! `WriteBatch`, so after any crash the store is a consistent prefix of the changelog.
+//! the data, the changelog offset it reflects and (a bounded chunk of) the expiry of old ids
+//! in one atomic `WriteBatch`, so after any crash the store is a consistent prefix of the
+//! changelog.
+//!
+//! The store knows which changelog it is a prefix of (topic and partition, written when it is
+//! created): opened for another one, it reports itself damaged instead of being mixed with a
+//! log it never saw.
 //!
 //! Layout (one column family, so one batch is atomic without atomic_flush):
 //! - `i/<id>`        → first-seen record time (i64, big endian)
 //! - `t/<time><id>`  → empty; the expiry index, ordered by time
-//! - `m/<name>`      → metadata: changelog offset, input offset, stream time, expired-through
+//! - `m/<name>`      → metadata: changelog topic and partition, changelog offset, input offset,
+//!   stream time, expired-through
+
+mod fault;
+mod options;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rocksdb::{
-    BlockBasedIndexType, BlockBasedOptions, Cache, DB, DBCompactionStyle, DBCompressionType,
-    DBRecoveryMode, IteratorMode, Options, ReadOptions, WriteBatch, WriteBufferManager,
-    WriteOptions,
-};
-use streamapp_api::config::{CompactionStyle, Compression, ResolvedRocksDb, WalRecoveryMode};
+use rocksdb::{DB, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions};
+use streamapp_api::config::ResolvedRocksDb;
+
+pub use fault::{Fault, Result, StoreError, classify_io, classify_rocksdb};
+pub use options::{SharedMemory, rocksdb_options};
 
 const META_CHANGELOG_OFFSET: &[u8] = b"m/changelog_offset";
+const META_CHANGELOG_TOPIC: &[u8] = b"m/changelog_topic";
+const META_CHANGELOG_PARTITION: &[u8] = b"m/changelog_partition";
 const META_INPUT_OFFSET: &[u8] = b"m/input_offset";
 const META_STREAM_TIME: &[u8] = b"m/stream_time";
 const META_EXPIRED_THROUGH: &[u8] = b"m/expired_through";
@@ -31,38 +41,35 @@ const FORMAT_VERSION: &[u8] = b"1";
 const ID_PREFIX: &[u8] = b"i/";
 const TIME_PREFIX: &[u8] = b"t/";
 
-/// Why a store could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The store's files are damaged (RocksDB reported corruption, a file is missing, or the
-    /// metadata makes no sense): quarantine it and rebuild from the changelog.
-    #[error("store {path} is damaged: {reason}")]
-    Damaged { path: PathBuf, reason: String },
-    /// Anything else (I/O, configuration).
-    #[error("store {path}: {source}")]
-    Other {
-        path: PathBuf,
-        source: rocksdb::Error,
-    },
+/// Expiry index entries removed by one [`TaskStore::apply`] at most. A jump in stream time
+/// (a long pause, or old data restored) expires the backlog over several batches instead of
+/// one huge one; ids not yet removed are already outside the window for lookups
+/// (see `topology::is_duplicate`), so the lag changes nothing but the store's size.
+pub const EXPIRY_CHUNK: usize = 10_000;
+
+/// The changelog partition a store is a prefix of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangelogIdentity {
+    pub topic: String,
+    pub partition: i32,
 }
 
-impl StoreError {
-    fn from_rocksdb(path: &Path, e: rocksdb::Error) -> Self {
-        use rocksdb::ErrorKind::*;
-        match e.kind() {
-            Corruption | InvalidArgument | NotSupported | IOError => StoreError::Damaged {
-                path: path.to_path_buf(),
-                reason: e.into_string(),
-            },
-            _ => StoreError::Other {
-                path: path.to_path_buf(),
-                source: e,
-            },
-        }
+/// How long ids are kept, and how far ahead of the wall clock record times may push the
+/// store's stream time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub retention: Duration,
+    pub max_skew: Duration,
+}
+
+impl Window {
+    fn retention_ms(&self) -> i64 {
+        self.retention.as_millis() as i64
+    }
+    fn max_skew_ms(&self) -> i64 {
+        self.max_skew.as_millis() as i64
     }
 }
-
-pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// The offsets and clocks a store reflects, stored in the same batches as its data.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -71,7 +78,7 @@ pub struct StoreMeta {
     pub changelog_offset: Option<i64>,
     /// Next input offset, as of the last applied transaction.
     pub input_offset: Option<i64>,
-    /// Largest record time applied.
+    /// Largest record time applied (never beyond the wall clock plus the maximum skew).
     pub stream_time: Option<i64>,
     /// Expiry index entries older than this were removed.
     pub expired_through: Option<i64>,
@@ -111,119 +118,39 @@ impl Staged {
     }
 }
 
-/// The memory all stores of a process share: one block cache and one memtable budget, so the
-/// process's RocksDB memory does not grow with the number of tasks.
-#[derive(Clone)]
-pub struct SharedMemory {
-    cache: Cache,
-    write_buffers: WriteBufferManager,
-}
-
-impl SharedMemory {
-    pub fn new(tuning: &ResolvedRocksDb) -> Self {
-        SharedMemory {
-            cache: Cache::new_lru_cache(tuning.block_cache_bytes as usize),
-            // Writers stall rather than exceed the budget.
-            write_buffers: WriteBufferManager::new_write_buffer_manager(
-                tuning.memtable_budget_bytes as usize,
-                true,
-            ),
-        }
-    }
-}
-
-/// RocksDB options from the resolved tuning, sharing memory with every other store.
-pub fn rocksdb_options(
-    tuning: &ResolvedRocksDb,
-    memory: &SharedMemory,
-    wal_dir: Option<&Path>,
-) -> Options {
-    let mut table = BlockBasedOptions::default();
-    table.set_block_cache(&memory.cache);
-    table.set_block_size(tuning.block_size_bytes as usize);
-    if tuning.bloom_filter_bits_per_key > 0 {
-        table.set_bloom_filter(tuning.bloom_filter_bits_per_key as f64, false);
-    }
-    // Index and filter blocks count against the shared cache, so memory stays bounded.
-    table.set_cache_index_and_filter_blocks(true);
-    table.set_cache_index_and_filter_blocks_with_high_priority(true);
-    // ... partitioned: a full filter block of a large SST is megabytes, bigger than a shard
-    // of the cache, so it was never kept and every lookup read it from disk and checksummed
-    // it again (a store of 5M ids fell to ~6,000 records/s, all of it in filter reads).
-    // 4 KiB partitions stay cached; the small top level is pinned.
-    table.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
-    table.set_partition_filters(true);
-    table.set_metadata_block_size(4096);
-    table.set_pin_top_level_index_and_filter(true);
-    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
-
-    let mut opts = Options::default();
-    opts.create_if_missing(true);
-    opts.set_write_buffer_manager(&memory.write_buffers);
-    opts.set_block_based_table_factory(&table);
-    opts.set_write_buffer_size(tuning.write_buffer_bytes as usize);
-    opts.set_max_write_buffer_number(tuning.max_write_buffer_number);
-    opts.set_compression_type(match tuning.compression {
-        Compression::None => DBCompressionType::None,
-        Compression::Snappy => DBCompressionType::Snappy,
-        Compression::Lz4 => DBCompressionType::Lz4,
-        Compression::Zstd => DBCompressionType::Zstd,
-    });
-    opts.set_compaction_style(match tuning.compaction_style {
-        CompactionStyle::Level => DBCompactionStyle::Level,
-        CompactionStyle::Universal => DBCompactionStyle::Universal,
-        CompactionStyle::Fifo => DBCompactionStyle::Fifo,
-    });
-    opts.set_max_background_jobs(tuning.max_background_jobs);
-    opts.set_wal_recovery_mode(match tuning.wal_recovery_mode {
-        WalRecoveryMode::TolerateCorruptedTailRecords => {
-            DBRecoveryMode::TolerateCorruptedTailRecords
-        }
-        WalRecoveryMode::AbsoluteConsistency => DBRecoveryMode::AbsoluteConsistency,
-        WalRecoveryMode::PointInTime => DBRecoveryMode::PointInTime,
-        // Refused by configuration validation; never reached.
-        WalRecoveryMode::SkipAnyCorruptedRecords => DBRecoveryMode::PointInTime,
-    });
-    opts.set_paranoid_checks(true);
-    if let Some(dir) = wal_dir {
-        opts.set_wal_dir(dir);
-    }
-    opts.set_wal_ttl_seconds(tuning.wal_ttl_seconds);
-    opts.set_wal_size_limit_mb(tuning.wal_size_limit_mb);
-    opts.set_max_total_wal_size(tuning.wal_max_total_bytes);
-    opts.set_keep_log_file_num(3);
-    opts
-}
-
 /// One task's store.
 pub struct TaskStore {
     db: DB,
     path: PathBuf,
     wal_dir: PathBuf,
-    retention_ms: i64,
+    window: Window,
     write_opts_sync: bool,
     wal_enabled: bool,
     meta: StoreMeta,
 }
 
 impl TaskStore {
-    /// Opens (or creates) the store at `path`. RocksDB recovers its WAL with the configured
-    /// recovery mode; any damage it reports comes back as [`StoreError::Damaged`].
+    /// Opens (or creates) the store at `path` for the changelog partition `changelog`.
+    /// RocksDB recovers its WAL with the configured recovery mode. Damage (and a store of
+    /// another changelog) comes back as [`StoreError::Damaged`], anything that says nothing
+    /// about the files as [`StoreError::Unavailable`].
     pub fn open(
         path: &Path,
         wal_dir: Option<&Path>,
         tuning: &ResolvedRocksDb,
         memory: &SharedMemory,
-        retention: Duration,
+        window: Window,
+        changelog: &ChangelogIdentity,
     ) -> Result<Self> {
-        std::fs::create_dir_all(path).map_err(|e| StoreError::Damaged {
-            path: path.to_path_buf(),
-            reason: format!("cannot create store directory: {e}"),
-        })?;
+        std::fs::create_dir_all(path)
+            .map_err(|e| StoreError::from_io(path, "cannot create the store directory", &e))?;
         if let Some(w) = wal_dir {
-            std::fs::create_dir_all(w).map_err(|e| StoreError::Damaged {
-                path: path.to_path_buf(),
-                reason: format!("cannot create WAL directory {}: {e}", w.display()),
+            std::fs::create_dir_all(w).map_err(|e| {
+                StoreError::from_io(
+                    path,
+                    &format!("cannot create the WAL directory {}", w.display()),
+                    &e,
+                )
             })?;
         }
         let opts = rocksdb_options(tuning, memory, wal_dir);
@@ -234,24 +161,22 @@ impl TaskStore {
             wal_dir: wal_dir
                 .map(Path::to_path_buf)
                 .unwrap_or_else(|| path.to_path_buf()),
-            retention_ms: retention.as_millis() as i64,
+            window,
             write_opts_sync: tuning.wal_sync_on_commit,
             wal_enabled: tuning.wal_enabled,
             meta: StoreMeta::default(),
         };
         match store.get_raw(META_FORMAT)? {
-            None => store
-                .db
-                .put(META_FORMAT, FORMAT_VERSION)
-                .map_err(|e| StoreError::from_rocksdb(path, e))?,
+            None => store.put_meta(META_FORMAT, FORMAT_VERSION)?,
             Some(v) if v == FORMAT_VERSION => {}
             Some(v) => {
-                return Err(StoreError::Damaged {
-                    path: path.to_path_buf(),
-                    reason: format!("unknown store format {:?}", String::from_utf8_lossy(&v)),
-                });
+                return Err(StoreError::damaged(
+                    path,
+                    format!("unknown store format {:?}", String::from_utf8_lossy(&v)),
+                ));
             }
         }
+        store.check_identity(changelog)?;
         store.meta = StoreMeta {
             changelog_offset: store.get_i64(META_CHANGELOG_OFFSET)?,
             input_offset: store.get_i64(META_INPUT_OFFSET)?,
@@ -259,6 +184,39 @@ impl TaskStore {
             expired_through: store.get_i64(META_EXPIRED_THROUGH)?,
         };
         Ok(store)
+    }
+
+    /// A store records the changelog partition it is a prefix of when it is created (stores
+    /// of earlier versions adopt the one they are opened for); opened for another, it is
+    /// damaged as far as this task is concerned.
+    fn check_identity(&mut self, changelog: &ChangelogIdentity) -> Result<()> {
+        let topic = self.get_raw(META_CHANGELOG_TOPIC)?;
+        let partition = self.get_i64(META_CHANGELOG_PARTITION)?;
+        match (topic, partition) {
+            (Some(t), Some(p))
+                if t == changelog.topic.as_bytes() && p == changelog.partition as i64 =>
+            {
+                Ok(())
+            }
+            (Some(t), Some(p)) => Err(StoreError::damaged(
+                &self.path,
+                format!(
+                    "the store belongs to changelog {} partition {p}, not {} partition {}",
+                    String::from_utf8_lossy(&t),
+                    changelog.topic,
+                    changelog.partition
+                ),
+            )),
+            _ => {
+                let mut batch = WriteBatch::default();
+                batch.put(META_CHANGELOG_TOPIC, changelog.topic.as_bytes());
+                batch.put(
+                    META_CHANGELOG_PARTITION,
+                    (changelog.partition as i64).to_be_bytes(),
+                );
+                self.write(batch)
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -278,22 +236,30 @@ impl TaskStore {
     ///
     /// The result does not depend on how writes are grouped into batches (a transaction while
     /// processing, a chunk while restoring): each id keeps the latest time it was put with,
-    /// and every entry older than the retention before the newest stream time is gone.
+    /// and every entry older than the retention before the newest stream time is gone (within
+    /// [`EXPIRY_CHUNK`] entries per call).
     pub fn apply(&mut self, staged: &Staged) -> Result<()> {
+        self.apply_at(staged, crate::shared::now_ms())
+    }
+
+    /// [`TaskStore::apply`] with the wall clock given: stream time never moves beyond
+    /// `now_ms` plus the window's maximum skew, whatever times the records carry.
+    pub fn apply_at(&mut self, staged: &Staged, now_ms: i64) -> Result<()> {
         let mut batch = WriteBatch::default();
         let mut meta = self.meta.clone();
         if let Some(t) = staged.stream_time {
-            meta.stream_time = Some(meta.stream_time.map_or(t, |s| s.max(t)));
+            let bounded = t.min(now_ms.saturating_add(self.window.max_skew_ms()));
+            meta.stream_time = Some(meta.stream_time.map_or(bounded, |s| s.max(bounded)));
         }
         let cutoff = meta
             .stream_time
-            .map(|t| t.saturating_sub(self.retention_ms));
+            .map(|t| t.saturating_sub(self.window.retention_ms()));
         // Expiry first: a put of this batch for an expiring id must win over its delete.
         if let Some(cutoff) = cutoff
             && meta.expired_through.is_none_or(|e| e < cutoff)
         {
-            self.expire_into(&mut batch, meta.expired_through, cutoff)?;
-            meta.expired_through = Some(cutoff);
+            meta.expired_through =
+                Some(self.expire_into(&mut batch, meta.expired_through, cutoff)?);
         }
         for (id, &time) in &staged.puts {
             if cutoff.is_some_and(|c| time < c) {
@@ -321,18 +287,15 @@ impl TaskStore {
                 batch.put(key, v.to_be_bytes());
             }
         }
-        let mut wo = WriteOptions::default();
-        wo.set_sync(self.wal_enabled && self.write_opts_sync);
-        wo.disable_wal(!self.wal_enabled);
-        self.db
-            .write_opt(batch, &wo)
-            .map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
+        self.write(batch)?;
         self.meta = meta;
         Ok(())
     }
 
-    /// Adds deletes for expiry index entries in `[from, cutoff)` and the ids they still own.
-    fn expire_into(&self, batch: &mut WriteBatch, from: Option<i64>, cutoff: i64) -> Result<()> {
+    /// Adds deletes for expiry index entries in `[from, cutoff)` and the ids they still own,
+    /// at most [`EXPIRY_CHUNK`] of them. Returns how far expiry got: `cutoff` when it is done,
+    /// otherwise the time of the first entry left (entries before it are gone).
+    fn expire_into(&self, batch: &mut WriteBatch, from: Option<i64>, cutoff: i64) -> Result<i64> {
         let mut ro = ReadOptions::default();
         // Start after what was already expired: iterating over old tombstones gets slow.
         let lower = time_key(from.unwrap_or(i64::MIN), b"");
@@ -341,23 +304,23 @@ impl TaskStore {
         let iter = self
             .db
             .iterator_opt(IteratorMode::From(&lower, rocksdb::Direction::Forward), ro);
-        for item in iter {
+        for (removed, item) in iter.enumerate() {
             let (key, _) = item.map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
-            let (time, id) = parse_time_key(&key).ok_or_else(|| StoreError::Damaged {
-                path: self.path.clone(),
-                reason: "malformed expiry index key".into(),
-            })?;
+            let (time, id) = parse_time_key(&key)
+                .ok_or_else(|| StoreError::damaged(&self.path, "malformed expiry index key"))?;
+            if removed == EXPIRY_CHUNK {
+                return Ok(time);
+            }
             batch.delete(&key);
             // The id may have been seen again later (a newer entry): keep it then.
             if self.first_seen(id)? == Some(time) {
                 batch.delete(id_key(id));
             }
         }
-        Ok(())
+        Ok(cutoff)
     }
 
-    /// Flushes memtables to SST files and syncs the WAL: what a drain does before it writes
-    /// the checkpoint.
+    /// Flushes memtables to SST files and syncs the WAL.
     pub fn flush(&self) -> Result<()> {
         if self.wal_enabled {
             self.db
@@ -369,9 +332,23 @@ impl TaskStore {
             .map_err(|e| StoreError::from_rocksdb(&self.path, e))
     }
 
+    /// Flushes and closes the store: afterwards nothing writes to it, so a checkpoint written
+    /// now is the truth about it. What a drain and the end of a suspension do.
+    pub fn close(self) -> Result<()> {
+        self.flush()?;
+        drop(self.db);
+        Ok(())
+    }
+
     /// Reads every key with checksums verified: finds damaged SST blocks that opening the
     /// store does not touch. Run after an unclean shutdown.
     pub fn verify(&self) -> Result<u64> {
+        self.verify_with(|| {})
+    }
+
+    /// [`TaskStore::verify`], calling `progress` every 100,000 keys (a large store takes a
+    /// while, and the loop's liveness counts on signs of life).
+    pub fn verify_with(&self, mut progress: impl FnMut()) -> Result<u64> {
         let mut ro = ReadOptions::default();
         ro.set_verify_checksums(true);
         ro.fill_cache(false);
@@ -379,6 +356,9 @@ impl TaskStore {
         for item in self.db.iterator_opt(IteratorMode::Start, ro) {
             item.map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
             n += 1;
+            if n % 100_000 == 0 {
+                progress();
+            }
         }
         Ok(n)
     }
@@ -411,6 +391,21 @@ impl TaskStore {
         &self.wal_dir
     }
 
+    fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        batch.put(key, value);
+        self.write(batch)
+    }
+
+    fn write(&self, batch: WriteBatch) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(self.wal_enabled && self.write_opts_sync);
+        wo.disable_wal(!self.wal_enabled);
+        self.db
+            .write_opt(batch, &wo)
+            .map_err(|e| StoreError::from_rocksdb(&self.path, e))
+    }
+
     fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.db
             .get(key)
@@ -421,13 +416,15 @@ impl TaskStore {
         match self.get_raw(key)? {
             None => Ok(None),
             Some(v) => {
-                let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| StoreError::Damaged {
-                    path: self.path.clone(),
-                    reason: format!(
-                        "value of {} is {} bytes, expected 8",
-                        String::from_utf8_lossy(key),
-                        v.len()
-                    ),
+                let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| {
+                    StoreError::damaged(
+                        &self.path,
+                        format!(
+                            "value of {} is {} bytes, expected 8",
+                            String::from_utf8_lossy(key),
+                            v.len()
+                        ),
+                    )
                 })?;
                 Ok(Some(i64::from_be_bytes(bytes)))
             }
@@ -471,6 +468,8 @@ fn parse_time_key(key: &[u8]) -> Option<(i64, &[u8])> {
 #[derive(Clone, Debug)]
 pub struct StoreSummary {
     pub meta: StoreMeta,
+    /// The changelog partition the store is a prefix of (stores of earlier versions: none).
+    pub changelog: Option<(String, i64)>,
     /// Ids the store remembers (exact: the id range is scanned).
     pub ids: u64,
     pub estimated_keys: u64,
@@ -498,8 +497,13 @@ pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<StoreSummar
         stream_time: get(META_STREAM_TIME),
         expired_through: get(META_EXPIRED_THROUGH),
     };
+    let changelog_topic = db.get(META_CHANGELOG_TOPIC).ok().flatten();
+    let changelog = changelog_topic
+        .zip(get(META_CHANGELOG_PARTITION))
+        .map(|(t, p)| (String::from_utf8_lossy(&t).into_owned(), p));
     Ok(StoreSummary {
         meta,
+        changelog,
         ids: count_ids(&db, path)?,
         estimated_keys: db
             .property_int_value("rocksdb.estimate-num-keys")
@@ -520,10 +524,32 @@ mod tests {
     use streamapp_api::config::RocksDbProfile;
 
     const HOUR: Duration = Duration::from_secs(3600);
+    const WINDOW: Window = Window {
+        retention: HOUR,
+        max_skew: Duration::from_secs(300),
+    };
+
+    fn changelog(partition: i32) -> ChangelogIdentity {
+        ChangelogIdentity {
+            topic: "app-dedup-changelog".into(),
+            partition,
+        }
+    }
+
+    fn try_open(dir: &Path, changelog: &ChangelogIdentity) -> Result<TaskStore> {
+        let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
+        TaskStore::open(
+            dir,
+            None,
+            &tuning,
+            &SharedMemory::new(&tuning),
+            WINDOW,
+            changelog,
+        )
+    }
 
     fn open(dir: &Path) -> TaskStore {
-        let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
-        TaskStore::open(dir, None, &tuning, &SharedMemory::new(&tuning), HOUR).unwrap()
+        try_open(dir, &changelog(0)).unwrap()
     }
 
     #[test]
@@ -628,6 +654,113 @@ mod tests {
         }
         assert_eq!(results[0], results[1]);
         assert_eq!(results[1], results[2]);
+    }
+
+    #[test]
+    fn a_store_opened_for_another_changelog_partition_is_damaged_for_this_task() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open(dir.path()));
+        let e = try_open(dir.path(), &changelog(1)).err().expect("refused");
+        assert_eq!(e.fault(), Fault::Damaged);
+        assert!(
+            e.reason()
+                .contains("belongs to changelog app-dedup-changelog partition 0"),
+            "{e}"
+        );
+        let other_topic = ChangelogIdentity {
+            topic: "other-dedup-changelog".into(),
+            partition: 0,
+        };
+        assert_eq!(
+            try_open(dir.path(), &other_topic).err().unwrap().fault(),
+            Fault::Damaged
+        );
+        // Its own changelog opens it.
+        drop(open(dir.path()));
+    }
+
+    #[test]
+    fn a_store_whose_lock_is_held_is_unavailable_not_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = open(dir.path());
+        let e = try_open(dir.path(), &changelog(0)).err().expect("locked");
+        assert_eq!(
+            e.fault(),
+            Fault::Unavailable(streamapp_api::health::StoreUnavailable::Locked),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_store_missing_an_sst_file_is_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut store = open(dir.path());
+            let mut staged = Staged::default();
+            staged.put(b"a", 1);
+            store.apply(&staged).unwrap();
+            store.close().unwrap();
+        }
+        let sst = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|e| e == "sst"))
+            .expect("an SST file after the flush");
+        std::fs::remove_file(sst).unwrap();
+        let e = try_open(dir.path(), &changelog(0)).err().expect("damaged");
+        assert_eq!(e.fault(), Fault::Damaged, "{e}");
+    }
+
+    #[test]
+    fn expiry_of_a_large_backlog_is_spread_over_bounded_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        let now = 100 * HOUR.as_millis() as i64;
+        let n = 2 * EXPIRY_CHUNK + 500;
+        let mut staged = Staged::default();
+        for i in 0..n {
+            staged.put(
+                format!("old-{i}").as_bytes(),
+                now - 2 * HOUR.as_millis() as i64,
+            );
+        }
+        store.apply_at(&staged, now).unwrap();
+        assert_eq!(store.id_count().unwrap(), n as u64);
+        // Stream time moves past them all: each apply removes one chunk.
+        for left in [n - EXPIRY_CHUNK, n - 2 * EXPIRY_CHUNK, 0] {
+            let mut staged = Staged::default();
+            staged.put(b"new", now);
+            store.apply_at(&staged, now).unwrap();
+            assert_eq!(store.id_count().unwrap() - 1, left as u64);
+        }
+        assert_eq!(
+            store.meta().expired_through,
+            Some(now - HOUR.as_millis() as i64)
+        );
+    }
+
+    #[test]
+    fn a_record_time_far_in_the_future_moves_stream_time_only_to_the_clock_plus_the_skew() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        let now = 100 * HOUR.as_millis() as i64;
+        let mut staged = Staged::default();
+        staged.put(b"recent", now - 1000);
+        store.apply_at(&staged, now).unwrap();
+        let hundred_years = 100 * 365 * 24 * HOUR.as_millis() as i64;
+        let mut staged = Staged::default();
+        staged.observe_time(now + hundred_years);
+        store.apply_at(&staged, now).unwrap();
+        assert_eq!(
+            store.meta().stream_time,
+            Some(now + WINDOW.max_skew.as_millis() as i64)
+        );
+        assert_eq!(
+            store.first_seen(b"recent").unwrap(),
+            Some(now - 1000),
+            "an id from a second ago is still remembered"
+        );
     }
 
     #[test]

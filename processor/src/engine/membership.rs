@@ -1,0 +1,207 @@
+//! Group membership: the consumer, its rebalance callbacks, and the consumer's local
+//! assignment (only active tasks are consumed from).
+//!
+//! Rebalances are eager (classic protocol, range assignor; the configuration refuses the
+//! incremental ones): a revoke takes every partition, the assignment that follows gives the
+//! new set. The callbacks only finish the open transaction and feed lifecycle events; opening
+//! and restoring stores happens in the loop.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{Offset, TopicPartitionList};
+use tracing::{info, warn};
+
+use super::{Engine, EngineConfig, EngineError, Task};
+use crate::lifecycle::Event;
+
+/// Consumer callbacks: the group's assignment changes go to the engine.
+pub struct GroupContext {
+    engine: Arc<Mutex<Engine>>,
+}
+
+impl ClientContext for GroupContext {}
+
+impl ConsumerContext for GroupContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let mut engine = self.engine.lock().unwrap();
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                engine.on_assigned(consumer, &partitions);
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let lost = consumer.assignment_lost();
+                engine.on_revoked(consumer, lost);
+            }
+            other => {
+                warn!(error = ?other, "rebalance error; dropping the assignment");
+                engine.on_revoked(consumer, true);
+            }
+        }
+    }
+}
+
+pub type GroupConsumer = BaseConsumer<GroupContext>;
+
+/// Sets `key` unless the user's client properties already do (tuning, not correctness: the
+/// properties the processor must own are refused by the configuration).
+fn default_property(cfg: &mut rdkafka::config::ClientConfig, key: &str, value: &str) {
+    if cfg.get(key).is_none() {
+        cfg.set(key, value);
+    }
+}
+
+pub(super) fn new_consumer(
+    cfg: &EngineConfig,
+    engine: Arc<Mutex<Engine>>,
+) -> Result<GroupConsumer, EngineError> {
+    let mut client = cfg.client.clone();
+    // Bounded buffers: the operator's memory budget counts on them.
+    default_property(&mut client, "queued.max.messages.kbytes", "16384");
+    client
+        .set("group.id", &cfg.application_id)
+        .set("group.instance.id", &cfg.pod)
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "range")
+        .create_with_context(GroupContext { engine })
+        .map_err(|e: KafkaError| EngineError::Fatal(format!("creating the consumer: {e}")))
+}
+
+impl Engine {
+    pub(super) fn on_assigned(&mut self, consumer: &GroupConsumer, partitions: &[i32]) {
+        info!(?partitions, "partitions assigned");
+        self.assigned = true;
+        // Stores of revoked tasks that did not come back are closed now (with a checkpoint).
+        let gone: Vec<i32> = self
+            .tasks
+            .keys()
+            .copied()
+            .filter(|p| !partitions.contains(p))
+            .collect();
+        for p in gone {
+            self.on_task_event(p, Event::NotReassigned);
+            self.tasks.remove(&p);
+            self.attempts.forget_partition(p);
+        }
+        for &p in partitions {
+            self.tasks.entry(p).or_insert_with(|| Task::new(p));
+            self.on_task_event(p, Event::Assigned);
+        }
+        // Only active tasks are consumed from; the new ones join once restored.
+        self.reassign(consumer);
+        self.publish_tasks(true);
+        self.refresh_readiness();
+    }
+
+    pub(super) fn on_revoked(&mut self, consumer: &GroupConsumer, lost: bool) {
+        info!(lost, tasks = self.tasks.len(), "partitions revoked");
+        if self.stopped {
+            // Drained (stores closed) or stopped on an error: only let go.
+            let _ = consumer.unassign();
+            return;
+        }
+        if lost {
+            self.abort(consumer, "assignment lost");
+        } else if let Err(e) = self.commit(consumer) {
+            self.pending_error = Some(e);
+        }
+        let partitions: Vec<i32> = self.tasks.keys().copied().collect();
+        for p in partitions {
+            self.on_task_event(p, Event::Revoked);
+        }
+        self.restorer.finish();
+        let _ = consumer.unassign();
+        self.assigned = false;
+        self.faults.after_revoke();
+        self.publish_tasks(true);
+        self.refresh_readiness();
+    }
+
+    /// What an error the consumer reports means.
+    pub fn on_consumer_error(
+        &mut self,
+        consumer: &GroupConsumer,
+        err: KafkaError,
+    ) -> Result<(), EngineError> {
+        match err.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::FencedInstanceId) => {
+                Err(self.after_instance_fenced(consumer, &err.to_string()))
+            }
+            Some(RDKafkaErrorCode::Fatal) => Err(EngineError::Fatal(format!("consumer: {err}"))),
+            _ => {
+                warn!(error = %err, "consumer error");
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets the consumer's local assignment to the active tasks, each at its position; paused
+    /// while transient produce failures back off.
+    pub(super) fn reassign(&mut self, consumer: &GroupConsumer) {
+        let mut tpl = TopicPartitionList::new();
+        for task in self.tasks.values().filter(|t| t.active()) {
+            let offset = task.position.map_or(Offset::Beginning, Offset::Offset);
+            tpl.add_partition_offset(&self.cfg.input_topic, task.partition, offset)
+                .expect("valid partition");
+        }
+        if let Err(e) = consumer.assign(&tpl) {
+            self.pending_error = Some(EngineError::Fatal(format!("assigning partitions: {e}")));
+            return;
+        }
+        if self.paused_until.is_some()
+            && let Err(e) = consumer.pause(&tpl)
+        {
+            warn!(error = %e, "could not pause consumption");
+        }
+    }
+
+    /// Ends a pause: an assignment keeps librdkafka's pause flag of a partition, so the
+    /// partitions are resumed explicitly, then assigned at their positions.
+    pub(super) fn resume(&mut self, consumer: &GroupConsumer) {
+        let mut tpl = TopicPartitionList::new();
+        for task in self.tasks.values().filter(|t| t.active()) {
+            tpl.add_partition(&self.cfg.input_topic, task.partition);
+        }
+        if let Err(e) = consumer.resume(&tpl) {
+            warn!(error = %e, "could not resume consumption");
+        }
+        self.reassign(consumer);
+    }
+
+    /// Moves an active task back to its committed position after an abort.
+    pub(super) fn rewind(&mut self, consumer: &GroupConsumer) {
+        for task in self.tasks.values_mut() {
+            task.staged.clear();
+            if task.dirty {
+                task.position = task.committed;
+                task.dirty = false;
+                if task.active() {
+                    let offset = task.committed.map_or(Offset::Beginning, Offset::Offset);
+                    if let Err(e) = consumer.seek(
+                        &self.cfg.input_topic,
+                        task.partition,
+                        offset,
+                        Duration::from_secs(10),
+                    ) {
+                        warn!(partition = task.partition, error = %e, "seek after abort failed; reassigning");
+                    }
+                }
+            }
+        }
+        // Reassigning with the committed positions rewinds even where a seek failed.
+        self.reassign(consumer);
+    }
+}

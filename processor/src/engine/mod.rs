@@ -1,0 +1,437 @@
+//! The exactly-once processing loop: the driver of the task lifecycle
+//! ([`crate::lifecycle`]), talking to Kafka and RocksDB.
+//!
+//! One consumer (group = application id, static membership = pod name, read_committed) and one
+//! transactional producer (transactional.id = `<application id>-<pod name>`) per process. Each
+//! assigned input partition is a task with its own store. A transaction spans all tasks and
+//! carries output, duplicates, dead letters, changelog records and the consumer offsets; it is
+//! committed every commit interval. Only after the commit succeeded are the staged writes
+//! applied to the stores (with their changelog offsets, atomically). An abort drops them and
+//! rewinds the consumer to the committed positions.
+//!
+//! Partitions are added to the consumer's local assignment only once their store is restored:
+//! the group's assignment callback only records the lifecycle events, the loop opens stores,
+//! restores them step by step and then assigns them with their committed offsets, so no
+//! record is ever processed against a store that is not caught up, and nothing slow happens
+//! inside a rebalance callback.
+//!
+//! The work is split by concern:
+//! - [`membership`]: the rebalance callbacks;
+//! - [`tasks`]: carrying out the lifecycle's commands (open, restore, activate, back off,
+//!   quarantine, checkpoints);
+//! - [`processing`]: one input record inside the open transaction, dead letters;
+//! - [`transaction`]: begin, commit, abort, the producer and its failures;
+//! - [`delivery`]: the producer's delivery reports.
+
+mod delivery;
+mod membership;
+mod processing;
+mod tasks;
+mod transaction;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::BaseProducer;
+use streamapp_api::config::{DedupId, ResolvedRocksDb};
+use streamapp_api::health::{
+    DeadLetterNote, ProcessorPhase, Quarantine, StoreUnavailable, TaskHealth,
+};
+use tracing::info;
+
+use crate::faults::Faults;
+use crate::lifecycle::{Event, Lifecycle, Phase};
+use crate::metrics::Metrics;
+use crate::record_attempts::RecordAttempts;
+use crate::restore::Restorer;
+use crate::shared::{DrainOutcome, Shared};
+use crate::store::{SharedMemory, Staged, TaskStore};
+
+pub use delivery::{DeliveryTracker, Origin, await_deliveries};
+pub use membership::{GroupConsumer, GroupContext};
+
+/// Timeout of each transactional call; retriable errors are retried until [`TXN_DEADLINE`].
+const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+const TXN_DEADLINE: Duration = Duration::from_secs(120);
+/// How often task statistics (store size, WAL files) are refreshed for the health report.
+const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
+/// librdkafka's default `transaction.timeout.ms`.
+const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why the engine stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Another process with the same pod identity took over: this one must stop.
+    #[error(
+        "fenced: another processor with transactional.id {transactional_id} (the same pod identity) took over; \
+         this instance stops so that only one writes ({detail})"
+    )]
+    Fenced {
+        transactional_id: String,
+        detail: String,
+    },
+    /// The producer or consumer is unusable; the process restarts its engine (or exits).
+    #[error("fatal Kafka error: {0}")]
+    Fatal(String),
+    /// A topic the processor writes cannot be written at all (gone, or not authorised): the
+    /// configuration or the cluster must change, restarting does not help.
+    #[error("topic {topic} cannot be written: {detail}")]
+    TopicUnusable { topic: String, detail: String },
+    #[error(transparent)]
+    Restore(#[from] crate::restore::RestoreError),
+}
+
+/// What the engine needs to know, resolved from the configuration.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub application_id: String,
+    pub pod: String,
+    pub input_topic: String,
+    pub output_topic: String,
+    pub duplicates_topic: Option<String>,
+    pub dead_letter_topic: String,
+    pub changelog_topic: String,
+    pub dedup_id: DedupId,
+    pub retention: Duration,
+    pub commit_interval: Duration,
+    pub max_value_bytes: u64,
+    pub max_skew: Duration,
+    pub max_record_attempts: u32,
+    /// Partitions of the input topic, as found at start-up.
+    pub input_partitions: u32,
+    pub rocksdb: ResolvedRocksDb,
+    /// Client properties shared by consumer and producer (bootstrap, security, user extras).
+    pub client: ClientConfig,
+}
+
+impl EngineConfig {
+    pub fn transactional_id(&self) -> String {
+        format!("{}-{}", self.application_id, self.pod)
+    }
+
+    /// The producer's `transaction.timeout.ms`: the coordinator aborts transactions open
+    /// longer than this.
+    pub fn transaction_timeout(&self) -> Duration {
+        self.client
+            .get("transaction.timeout.ms")
+            .and_then(|v| v.parse().ok())
+            .map_or(DEFAULT_TRANSACTION_TIMEOUT, Duration::from_millis)
+    }
+}
+
+/// One task: its lifecycle and what the engine holds for it.
+struct Task {
+    partition: i32,
+    lifecycle: Lifecycle,
+    store: Option<TaskStore>,
+    staged: Staged,
+    /// Next input offset to process (the consumer position as the engine sees it).
+    position: Option<i64>,
+    /// Next input offset as of the last committed transaction.
+    committed: Option<i64>,
+    /// The open transaction processed records of this task.
+    dirty: bool,
+    /// The store's changelog offset is the offset of our own last commit marker (the store
+    /// reflects everything before it; the marker holds no data).
+    at_commit_marker: bool,
+    health: TaskHealth,
+    restore_started: Option<Instant>,
+}
+
+impl Task {
+    fn new(partition: i32) -> Self {
+        Task {
+            partition,
+            lifecycle: Lifecycle::default(),
+            store: None,
+            staged: Staged::default(),
+            position: None,
+            committed: None,
+            dirty: false,
+            at_commit_marker: false,
+            health: TaskHealth {
+                partition,
+                ..Default::default()
+            },
+            restore_started: None,
+        }
+    }
+
+    fn is(&self, phase: &Phase) -> bool {
+        std::mem::discriminant(&self.lifecycle.phase) == std::mem::discriminant(phase)
+    }
+
+    fn active(&self) -> bool {
+        self.lifecycle.phase == Phase::Active
+    }
+}
+
+/// The open transaction.
+struct OpenTxn {
+    started: Instant,
+    /// Dead letters in it, counted once it commits.
+    dead_letters: Vec<DeadLetterNote>,
+}
+
+/// The processing state of one process. Lives behind a mutex shared with the consumer's
+/// rebalance callback, which runs inside `poll` on the same thread.
+pub struct Engine {
+    cfg: EngineConfig,
+    producer: BaseProducer<DeliveryTracker>,
+    tasks: BTreeMap<i32, Task>,
+    txn: Option<OpenTxn>,
+    /// Counts aborts: a record fetched before one is not processed (it comes again).
+    aborts: u64,
+    attempts: RecordAttempts,
+    restorer: Restorer,
+    memory: SharedMemory,
+    shared: Arc<Shared>,
+    metrics: Metrics,
+    faults: Faults,
+    /// An error raised inside a callback, returned by the next `tick`.
+    pending_error: Option<EngineError>,
+    /// Quarantines per partition during this process's life (newest last, bounded).
+    quarantines: BTreeMap<i32, Vec<Quarantine>>,
+    last_publish: Instant,
+    /// The group's assignment arrived since the last revoke.
+    assigned: bool,
+    draining: bool,
+    /// Drained or stopped: later rebalance callbacks only let go.
+    stopped: bool,
+    /// A task stopped consuming: the consumer's assignment must be set again.
+    reassign_needed: bool,
+    /// Consumption paused after transient produce failures, until then.
+    paused_until: Option<Instant>,
+    /// Consecutive aborts on transient produce failures (the pause doubles with each).
+    transient_aborts: u32,
+}
+
+impl Engine {
+    /// Creates the transactional producer (fencing any older instance with the same identity)
+    /// and the engine, and the group consumer wired to it.
+    pub fn start(
+        cfg: EngineConfig,
+        shared: Arc<Shared>,
+        metrics: Metrics,
+        faults: Faults,
+    ) -> Result<(Arc<Mutex<Engine>>, GroupConsumer), EngineError> {
+        let fatal = |what: &str, e: KafkaError| EngineError::Fatal(format!("{what}: {e}"));
+        let producer = transaction::new_producer(&cfg, &shared)?;
+        let restorer = Restorer::new(&cfg.client, &cfg.changelog_topic)
+            .map_err(|e| fatal("creating the restore consumer", e))?;
+        let memory = SharedMemory::new(&cfg.rocksdb);
+        metrics.input_partitions.set(cfg.input_partitions as i64);
+        shared.update(true, |h| h.input_partitions = Some(cfg.input_partitions));
+        let engine = Arc::new(Mutex::new(Engine {
+            attempts: RecordAttempts::new(cfg.max_record_attempts),
+            cfg: cfg.clone(),
+            producer,
+            tasks: BTreeMap::new(),
+            txn: None,
+            aborts: 0,
+            restorer,
+            memory,
+            shared,
+            metrics,
+            faults,
+            pending_error: None,
+            quarantines: BTreeMap::new(),
+            last_publish: Instant::now(),
+            assigned: false,
+            draining: false,
+            stopped: false,
+            reassign_needed: false,
+            paused_until: None,
+            transient_aborts: 0,
+        }));
+        let consumer = membership::new_consumer(&cfg, engine.clone())?;
+        consumer
+            .subscribe(&[&cfg.input_topic])
+            .map_err(|e| fatal("subscribing", e))?;
+        Ok((engine, consumer))
+    }
+
+    /// Opens, restores, activates, commits when due and publishes health. Call after every
+    /// poll.
+    pub fn tick(&mut self, consumer: &GroupConsumer) -> Result<(), EngineError> {
+        self.shared.beat();
+        if let Some(e) = self.pending_error.take() {
+            return Err(e);
+        }
+        self.producer.poll(Duration::ZERO);
+        self.end_backoffs();
+        self.open_next();
+        self.restore_step()?;
+        if self.tasks.values().any(|t| t.is(&Phase::Restored)) {
+            self.activate_restored(consumer)?;
+        }
+        if self
+            .txn
+            .as_ref()
+            .is_some_and(|t| t.started.elapsed() >= self.cfg.commit_interval)
+        {
+            self.commit(consumer)?;
+        }
+        if self.paused_until.is_some_and(|t| Instant::now() >= t) {
+            self.paused_until = None;
+            self.resume(consumer);
+        }
+        if std::mem::take(&mut self.reassign_needed) {
+            self.reassign(consumer);
+        }
+        // Task statistics list the store's directory: refresh them on a timer, not per record.
+        if self.last_publish.elapsed() >= PUBLISH_INTERVAL {
+            self.publish_tasks(false);
+        }
+        match self.pending_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    // ---- drain and health ----------------------------------------------------------------
+
+    /// Finishes the open transaction, closes every store cleanly (flush, close, checkpoint)
+    /// and stops processing. The process exits afterwards.
+    pub fn drain(&mut self, consumer: &GroupConsumer) -> DrainOutcome {
+        let start = Instant::now();
+        self.draining = true;
+        self.shared.set_phase(ProcessorPhase::Draining);
+        self.refresh_readiness();
+        if let Err(e) = self.commit(consumer) {
+            return DrainOutcome::Failed(e.to_string());
+        }
+        // The report keeps the tasks' final offsets; closing takes them out of the engine.
+        self.publish_tasks(true);
+        let mut failures = Vec::new();
+        let partitions: Vec<i32> = self.tasks.keys().copied().collect();
+        for p in partitions {
+            if let Some(e) = self.on_task_event(p, Event::Drain) {
+                failures.push(format!("closing the store of partition {p}: {e}"));
+            }
+        }
+        self.stopped = true;
+        if !failures.is_empty() {
+            return DrainOutcome::Failed(failures.join("; "));
+        }
+        let duration_ms = start.elapsed().as_millis() as u64;
+        self.shared.update(true, |h| {
+            h.phase = ProcessorPhase::Drained;
+            h.drain_duration_ms = Some(duration_ms);
+        });
+        info!(
+            duration_ms,
+            "drained: stores flushed and closed, checkpoints written"
+        );
+        DrainOutcome::Drained { duration_ms }
+    }
+
+    /// Refreshes the tasks in the health report (store sizes, WAL files, states).
+    fn publish_tasks(&mut self, force: bool) {
+        self.last_publish = Instant::now();
+        let mut reports = Vec::new();
+        let mut backing_off: BTreeMap<StoreUnavailable, i64> = BTreeMap::new();
+        for task in self.tasks.values_mut() {
+            let Some(state) = task.lifecycle.state() else {
+                continue; // suspended: not ours
+            };
+            task.health.state = Some(state);
+            task.health.opened = task.lifecycle.opened();
+            task.health.backoff = task.lifecycle.backoff().cloned();
+            if let Some(b) = &task.health.backoff {
+                *backing_off.entry(b.kind).or_default() += 1;
+            }
+            let label = Metrics::partition(task.partition);
+            if let Some(store) = &task.store {
+                task.health.store_keys = store.estimated_keys();
+                task.health.store_bytes = store.sst_bytes();
+                task.health.wal = crate::state_dir::wal_files(store.wal_dir());
+                task.health.store_changelog_offset = store.meta().changelog_offset;
+            }
+            self.metrics
+                .store_keys
+                .get_or_create(&label)
+                .set(task.health.store_keys as i64);
+            self.metrics
+                .store_bytes
+                .get_or_create(&label)
+                .set(task.health.store_bytes as i64);
+            self.metrics
+                .wal_bytes
+                .get_or_create(&label)
+                .set(task.health.wal.bytes as i64);
+            task.health.quarantines = self
+                .quarantines
+                .get(&task.partition)
+                .cloned()
+                .unwrap_or_default();
+            reports.push(task.health.clone());
+        }
+        for kind in [
+            StoreUnavailable::DiskFull,
+            StoreUnavailable::Locked,
+            StoreUnavailable::Io,
+            StoreUnavailable::Incompatible,
+            StoreUnavailable::RepeatedDamage,
+        ] {
+            self.metrics
+                .tasks_backing_off
+                .get_or_create(&Metrics::kind(kind))
+                .set(backing_off.get(&kind).copied().unwrap_or(0));
+        }
+        self.metrics.assigned_tasks.set(reports.len() as i64);
+        self.shared.update(force, |h| h.tasks = reports);
+    }
+
+    /// Readiness from the tasks (see [`crate::probes::readiness`]).
+    fn refresh_readiness(&self) {
+        let facts = crate::probes::ReadinessFacts {
+            assigned: self.assigned,
+            draining: self.draining || self.stopped,
+            tasks: self
+                .tasks
+                .values()
+                .filter_map(|t| Some((t.partition, t.lifecycle.state()?, t.lifecycle.backoff())))
+                .collect(),
+        };
+        let readiness = crate::probes::readiness(&facts);
+        if readiness.is_ok()
+            && matches!(
+                self.shared.phase(),
+                ProcessorPhase::Starting | ProcessorPhase::Restoring
+            )
+        {
+            self.shared.set_phase(ProcessorPhase::Running);
+        }
+        self.shared.set_readiness(readiness);
+    }
+
+    /// Looks up the changelog end of every task for the health report (a broker round trip
+    /// per task: done on a slow timer by the loop).
+    pub fn refresh_changelog_ends(&mut self) {
+        for task in self.tasks.values_mut() {
+            let Some(store) = &task.store else { continue };
+            if let Ok(end) = self.restorer.end_offset(task.partition) {
+                // Right after our own commit the log ends with its marker, which holds no
+                // data: the store is caught up, not one record behind.
+                let caught_up =
+                    task.at_commit_marker && store.meta().changelog_offset == Some(end - 1);
+                task.health.changelog_end_offset = Some(if caught_up { end - 1 } else { end });
+            }
+        }
+    }
+
+    pub fn is_drained(&self) -> bool {
+        self.stopped
+    }
+
+    /// Stops the engine: later rebalance callbacks (the consumer's close) only let go of the
+    /// partitions, without committing or writing checkpoints.
+    pub fn stop(&mut self) {
+        self.stopped = true;
+    }
+}

@@ -1,0 +1,436 @@
+//! One input record inside the open transaction: the dedup topology (id, time, duplicate or
+//! first occurrence, the `enrich` stage), its records to Kafka, and dead letters.
+//!
+//! A record that failed before is processed alone (its own transaction), and after
+//! `topology.maxRecordAttempts` failed attempts it becomes a dead letter: see
+//! [`crate::record_attempts`].
+
+use std::time::{Duration, Instant};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer};
+use streamapp_api::health::DeadLetterNote;
+use tracing::warn;
+
+use super::delivery::{Origin, ProduceError};
+use super::{Engine, EngineError, GroupConsumer, OpenTxn};
+use crate::faults::FAULT_HEADER;
+use crate::kafka_errors::{ProduceFailure, classify_produce};
+use crate::lifecycle::Event;
+use crate::record_attempts::{FailureKind, Failures, Verdict};
+use crate::shared::now_ms;
+use crate::store::StoreError;
+use crate::topology::{self, RecordView};
+
+/// Longest part of an error message put into a dead letter's header.
+const DLQ_ERROR_MAX: usize = 1024;
+
+/// Why processing one record did not work out.
+pub(super) enum RecordError {
+    /// A stage of the topology failed on it.
+    Stage(String),
+    /// Kafka refused one of its records when it was handed over.
+    Produce(ProduceError),
+    /// The task's store failed.
+    Store(StoreError),
+}
+
+impl Engine {
+    /// Processes one input record inside the open transaction.
+    pub fn process(
+        &mut self,
+        consumer: &GroupConsumer,
+        m: &BorrowedMessage<'_>,
+    ) -> Result<(), EngineError> {
+        let (p, offset) = (m.partition(), m.offset());
+        if !self.takes(p, offset) {
+            return Ok(());
+        }
+        let verdict = self.attempts.verdict(p, offset);
+        if verdict != Verdict::Process && self.txn.is_some() {
+            // A record that failed before gets a transaction of its own: what is open now
+            // commits first, so its next failure costs nothing but itself.
+            let aborts = self.aborts;
+            self.commit(consumer)?;
+            if self.aborts != aborts || !self.takes(p, offset) {
+                return Ok(()); // rewound: it comes again in order
+            }
+        }
+        if self.txn.is_none() {
+            self.begin()?;
+        }
+        self.metrics.records_in.inc();
+        let outcome = match &verdict {
+            Verdict::DeadLetter(failures) => self.dead_letter_failed(m, failures),
+            _ => self.process_record(p, m),
+        };
+        let task = self.tasks.get_mut(&p).expect("task exists");
+        task.position = Some(offset + 1);
+        task.dirty = true;
+        let origin = Origin {
+            partition: p,
+            offset,
+        };
+        match outcome {
+            Ok(()) if verdict == Verdict::Process => Ok(()),
+            Ok(()) => self.commit(consumer),
+            Err(RecordError::Stage(why)) => {
+                self.record_failed(origin, FailureKind::Processing, why.clone(), false);
+                self.abort(consumer, &why);
+                Ok(())
+            }
+            Err(RecordError::Produce(e)) => self.on_produce_errors(consumer, vec![e]),
+            Err(RecordError::Store(e)) => {
+                self.abort(consumer, "state store error");
+                self.on_task_event(
+                    p,
+                    Event::StoreFailed {
+                        fault: e.fault(),
+                        reason: e.reason().to_string(),
+                    },
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether the record at `offset` is the next one of an active task (not one fetched
+    /// before a rewind, a pause or a reassignment: those come again in order).
+    fn takes(&self, p: i32, offset: i64) -> bool {
+        self.paused_until.is_none()
+            && self
+                .tasks
+                .get(&p)
+                .is_some_and(|t| t.active() && t.position.is_none_or(|pos| offset >= pos))
+    }
+
+    pub(super) fn record_failed(
+        &mut self,
+        origin: Origin,
+        kind: FailureKind,
+        error: String,
+        too_large: bool,
+    ) {
+        let attempts = self.attempts.failed(
+            origin.partition,
+            origin.offset,
+            kind,
+            error.clone(),
+            too_large,
+        );
+        self.metrics
+            .record_failures
+            .get_or_create(&crate::metrics::Metrics::kind(kind))
+            .inc();
+        warn!(partition = origin.partition, offset = origin.offset, attempts,
+            max_attempts = self.cfg.max_record_attempts, kind = kind.reason(), error = %error,
+            "record failed; it is tried again on its own, and dead-lettered after the last attempt");
+    }
+
+    /// Sorts out records Kafka did not take: a topic that cannot be written stops the engine,
+    /// a record's own failure counts against it, anything else is waited out. The transaction
+    /// is aborted either way.
+    pub(super) fn on_produce_errors(
+        &mut self,
+        consumer: &GroupConsumer,
+        errors: Vec<ProduceError>,
+    ) -> Result<(), EngineError> {
+        let mut charged = false;
+        let mut first = None;
+        for e in &errors {
+            let code = e.code.unwrap_or(RDKafkaErrorCode::Unknown);
+            match classify_produce(code) {
+                ProduceFailure::Topic => {
+                    self.abort(consumer, &e.message);
+                    return Err(EngineError::TopicUnusable {
+                        topic: e.topic.clone(),
+                        detail: e.message.clone(),
+                    });
+                }
+                ProduceFailure::Record => {
+                    if let Some(origin) = e.origin {
+                        let too_large = matches!(
+                            code,
+                            RDKafkaErrorCode::MessageSizeTooLarge
+                                | RDKafkaErrorCode::MessageBatchTooLarge
+                        );
+                        self.record_failed(
+                            origin,
+                            FailureKind::Produce,
+                            e.message.clone(),
+                            too_large,
+                        );
+                        charged = true;
+                    }
+                }
+                ProduceFailure::Transient => {}
+            }
+            first.get_or_insert_with(|| e.message.clone());
+        }
+        self.abort(
+            consumer,
+            first.as_deref().unwrap_or("a record could not be produced"),
+        );
+        if !charged {
+            // Nobody's fault: pause consumption a little, doubling while it lasts.
+            let delay = (Duration::from_millis(100) * 2u32.pow(self.transient_aborts.min(6)))
+                .min(Duration::from_secs(5));
+            self.transient_aborts += 1;
+            self.paused_until = Some(Instant::now() + delay);
+            self.reassign(consumer);
+        }
+        Ok(())
+    }
+
+    fn process_record(&mut self, p: i32, m: &BorrowedMessage<'_>) -> Result<(), RecordError> {
+        let headers = m.headers();
+        let header = |name: &str| -> Option<&[u8]> {
+            headers.and_then(|h| h.iter().find(|x| x.key == name)?.value)
+        };
+        let view = RecordView {
+            key: m.key(),
+            value: m.payload(),
+            header: &header,
+        };
+        let id = match topology::extract_id(&view, &self.cfg.dedup_id, self.cfg.max_value_bytes) {
+            Ok(id) => id,
+            Err(rejection) => {
+                return self.dead_letter(
+                    m,
+                    rejection.code(),
+                    &rejection.detail(),
+                    rejection.metadata_only(),
+                );
+            }
+        };
+        let time = m.timestamp().to_millis().unwrap_or_else(now_ms);
+        if let Err(rejection) =
+            topology::check_time(time, now_ms(), self.cfg.max_skew.as_millis() as i64)
+        {
+            return self.dead_letter(m, rejection.code(), &rejection.detail(), false);
+        }
+        let origin = Origin {
+            partition: p,
+            offset: m.offset(),
+        };
+        let task = self.tasks.get_mut(&p).expect("task exists");
+        let first_seen = match task.staged.puts.get(&id) {
+            Some(t) => Some(*t),
+            None => task
+                .store
+                .as_ref()
+                .expect("an active task has its store")
+                .first_seen(&id)
+                .map_err(RecordError::Store)?,
+        };
+        if topology::is_duplicate(first_seen, time, self.cfg.retention.as_millis() as i64) {
+            self.metrics.duplicates.inc();
+            if let Some(topic) = self.cfg.duplicates_topic.clone() {
+                let record = Outgoing {
+                    topic: &topic,
+                    partition: None,
+                    key: m.key(),
+                    value: m.payload(),
+                    headers: with_id(headers, &id),
+                };
+                self.send(record, origin)?;
+            }
+            return Ok(());
+        }
+        task.staged.put(&id, time);
+        let changelog = self.cfg.changelog_topic.clone();
+        self.send(
+            Outgoing {
+                topic: &changelog,
+                partition: Some(p),
+                key: Some(&id),
+                value: Some(&time.to_be_bytes()),
+                headers: OwnedHeaders::new(),
+            },
+            origin,
+        )?;
+        // The downstream `enrich` stage: the place where a failure after the put would leave
+        // an aborted write in a store that applied writes eagerly.
+        if self.faults.after_put(header(FAULT_HEADER)).is_err() {
+            return Err(RecordError::Stage(
+                "injected failure in the enrich stage".into(),
+            ));
+        }
+        let output = self.cfg.output_topic.clone();
+        self.send(
+            Outgoing {
+                topic: &output,
+                partition: None,
+                key: m.key(),
+                value: m.payload(),
+                headers: with_id(headers, &id),
+            },
+            origin,
+        )?;
+        self.metrics.records_out.inc();
+        Ok(())
+    }
+
+    /// The dead letter of a record that failed every attempt.
+    fn dead_letter_failed(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        failures: &Failures,
+    ) -> Result<(), RecordError> {
+        let detail = format!(
+            "failed {} attempts; the last one: {}",
+            failures.attempts, failures.error
+        );
+        self.dead_letter(m, failures.kind.reason(), &detail, failures.too_large)
+    }
+
+    /// Sends `m` to the dead-letter topic with `reason`. `metadata_only`: the record's size is
+    /// the problem, so the dead letter carries headers that say why and where the original
+    /// is (it stays in the input topic), not its key, value or headers.
+    fn dead_letter(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        reason: &str,
+        detail: &str,
+        metadata_only: bool,
+    ) -> Result<(), RecordError> {
+        warn!(
+            partition = m.partition(),
+            offset = m.offset(),
+            reason,
+            detail,
+            "record to the dead-letter topic"
+        );
+        let source = format!("{}/{}/{}", m.topic(), m.partition(), m.offset());
+        let mut cut = detail.len().min(DLQ_ERROR_MAX);
+        while !detail.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let base = if metadata_only {
+            OwnedHeaders::new()
+        } else {
+            copy_headers(m.headers())
+        };
+        let mut headers = base
+            .insert(Header {
+                key: topology::DLQ_REASON_HEADER,
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: topology::DLQ_SOURCE_HEADER,
+                value: Some(&source),
+            })
+            .insert(Header {
+                key: topology::DLQ_ERROR_HEADER,
+                value: Some(&detail[..cut]),
+            });
+        if metadata_only {
+            let size = m.payload().map_or(0, <[u8]>::len).to_string();
+            headers = headers.insert(Header {
+                key: topology::DLQ_ORIGINAL_SIZE_HEADER,
+                value: Some(&size),
+            });
+        }
+        let topic = self.cfg.dead_letter_topic.clone();
+        let (key, value) = if metadata_only {
+            (None, None)
+        } else {
+            (m.key(), m.payload())
+        };
+        self.send(
+            Outgoing {
+                topic: &topic,
+                partition: None,
+                key,
+                value,
+                headers,
+            },
+            Origin {
+                partition: m.partition(),
+                offset: m.offset(),
+            },
+        )?;
+        if let Some(txn) = self.txn.as_mut() {
+            txn.dead_letters.push(DeadLetterNote {
+                at_ms: now_ms(),
+                reason: reason.to_string(),
+                source,
+                detail: detail.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, out: Outgoing<'_>, origin: Origin) -> Result<(), RecordError> {
+        let topic = out.topic;
+        let mut record: BaseRecord<'_, [u8], [u8], Box<Origin>> =
+            BaseRecord::with_opaque_to(topic, Box::new(origin)).headers(out.headers);
+        if let Some(p) = out.partition {
+            record = record.partition(p);
+        }
+        if let Some(k) = out.key {
+            record = record.key(k);
+        }
+        if let Some(v) = out.value {
+            record = record.payload(v);
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    self.producer.poll(Duration::from_millis(50));
+                    self.shared.beat();
+                }
+                Err((e, _)) => {
+                    return Err(RecordError::Produce(ProduceError {
+                        topic: topic.to_string(),
+                        code: e.rdkafka_error_code(),
+                        message: format!("producing to {topic}: {e}"),
+                        origin: Some(origin),
+                    }));
+                }
+            }
+        }
+    }
+
+    pub(super) fn begin(&mut self) -> Result<(), EngineError> {
+        match self.producer.begin_transaction() {
+            Ok(()) => {
+                self.txn = Some(OpenTxn {
+                    started: Instant::now(),
+                    dead_letters: Vec::new(),
+                });
+                Ok(())
+            }
+            Err(e) => Err(self.txn_error("begin_transaction", &e, None)),
+        }
+    }
+}
+
+/// A record to produce.
+struct Outgoing<'a> {
+    topic: &'a str,
+    partition: Option<i32>,
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+    headers: OwnedHeaders,
+}
+
+fn copy_headers(headers: Option<&BorrowedHeaders>) -> OwnedHeaders {
+    let mut out = OwnedHeaders::new();
+    if let Some(h) = headers {
+        for header in h.iter() {
+            out = out.insert(header);
+        }
+    }
+    out
+}
+
+fn with_id(headers: Option<&BorrowedHeaders>, id: &[u8]) -> OwnedHeaders {
+    copy_headers(headers).insert(Header {
+        key: topology::DEDUP_ID_HEADER,
+        value: Some(id),
+    })
+}

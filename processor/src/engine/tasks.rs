@@ -1,0 +1,376 @@
+//! The driver side of the task lifecycle: feeding events to [`crate::lifecycle::Lifecycle`]
+//! and carrying out its commands against the stores, the checkpoints, the quarantine folder
+//! and the restore reader. A command that fails becomes the next event, so every failure goes
+//! through the same rules.
+//!
+//! Work the phases ask for is done by the loop, one piece per tick: open one store, take one
+//! restore step, activate what is restored, end the back-offs that are due.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::{Offset, TopicPartitionList};
+use streamapp_api::health::{ProcessorPhase, RestoreProgress, StoreOpen};
+use tracing::{error, info, warn};
+
+use super::{Engine, EngineError, GroupConsumer};
+use crate::checkpoint::{self, CheckpointEntry};
+use crate::lifecycle::{Command, Event, Phase};
+use crate::metrics::Metrics;
+use crate::restore::{RestoreError, Step};
+use crate::shared::now_ms;
+use crate::store::{ChangelogIdentity, StoreError, TaskStore, Window};
+
+/// Changelog records restored per loop iteration before the consumer is polled again.
+const RESTORE_STEP: usize = 50_000;
+
+impl Engine {
+    /// Feeds `event` to the task's lifecycle and carries out what it says; a failed command
+    /// becomes a `StoreFailed` event. Returns the failure it led to, if any (already handled:
+    /// a drain reports it).
+    pub(super) fn on_task_event(&mut self, p: i32, event: Event) -> Option<StoreError> {
+        let mut failure = None;
+        let mut next = Some(event);
+        while let Some(event) = next.take() {
+            let Some(task) = self.tasks.get_mut(&p) else {
+                break;
+            };
+            let was_backing_off = task.lifecycle.backoff().is_some();
+            let commands = task.lifecycle.on(event, now_ms());
+            if let Some(b) = task.lifecycle.backoff()
+                && !was_backing_off
+            {
+                warn!(partition = p, kind = ?b.kind, attempts = b.attempts, reason = %b.reason,
+                    retry_in_ms = b.retry_at_ms - now_ms(), "store unavailable: backing off (nothing is quarantined)");
+                if b.attempts == 1 {
+                    self.metrics
+                        .store_backoffs
+                        .get_or_create(&Metrics::kind(b.kind))
+                        .inc();
+                }
+            }
+            for command in commands {
+                if let Err(e) = self.carry_out(p, command) {
+                    warn!(partition = p, error = %e, "store operation failed");
+                    next = Some(Event::StoreFailed {
+                        fault: e.fault(),
+                        reason: e.reason().to_string(),
+                    });
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if self
+            .tasks
+            .get(&p)
+            .is_some_and(|t| t.lifecycle.phase == Phase::Closed)
+        {
+            self.tasks.remove(&p);
+        }
+        self.refresh_readiness();
+        failure
+    }
+
+    fn carry_out(&mut self, p: i32, command: Command) -> Result<(), StoreError> {
+        let state = self.shared.state_dir.clone();
+        let store_dir = state.store_dir(p);
+        let task = self.tasks.get_mut(&p).expect("task exists");
+        match command {
+            Command::StopConsuming => self.reassign_needed = true,
+            Command::RemoveCheckpoint => checkpoint::remove(&state.checkpoint_file(p))
+                .map_err(|e| StoreError::from_io(&store_dir, "removing the checkpoint", &e))?,
+            Command::BeginRestore => {
+                task.health.restore = None;
+                task.restore_started = None;
+                if self.restorer.current() == Some(p) {
+                    self.restorer.finish();
+                }
+            }
+            Command::FlushStore => {
+                if let Some(store) = &task.store {
+                    store.flush()?;
+                }
+            }
+            Command::CloseStore => {
+                if self.restorer.current() == Some(p) {
+                    self.restorer.finish();
+                }
+                let Some(store) = task.store.take() else {
+                    return Ok(());
+                };
+                let meta = store.meta().clone();
+                store.close()?;
+                // Closed: nothing writes to it any more, so the checkpoint is the truth.
+                let mut entries = Vec::new();
+                if let Some(o) = meta.changelog_offset {
+                    entries.push(CheckpointEntry {
+                        topic: self.cfg.changelog_topic.clone(),
+                        partition: p,
+                        offset: o,
+                    });
+                }
+                if let Some(o) = task.committed.or(meta.input_offset) {
+                    entries.push(CheckpointEntry {
+                        topic: self.cfg.input_topic.clone(),
+                        partition: p,
+                        offset: o,
+                    });
+                }
+                checkpoint::write(&state.checkpoint_file(p), &entries)
+                    .map_err(|e| StoreError::from_io(&store_dir, "writing the checkpoint", &e))?;
+                task.health.last_checkpoint_at_ms = Some(now_ms());
+            }
+            Command::ReleaseStore => {
+                if self.restorer.current() == Some(p) {
+                    self.restorer.finish();
+                }
+                task.store = None;
+                task.staged.clear();
+            }
+            Command::QuarantineStore { reason } => {
+                if self.restorer.current() == Some(p) {
+                    self.restorer.finish();
+                }
+                task.store = None;
+                task.staged.clear();
+                error!(
+                    partition = p,
+                    reason,
+                    "state store damaged: quarantining it and rebuilding from the changelog"
+                );
+                let q = crate::quarantine::quarantine(&state, p, &reason, now_ms())
+                    .map_err(|e| StoreError::from_io(&store_dir, "quarantining the store", &e))?;
+                self.metrics.quarantines.inc();
+                let list = self.quarantines.entry(p).or_default();
+                list.push(q);
+                if list.len() > crate::quarantine::KEEP {
+                    list.remove(0);
+                }
+            }
+            Command::PruneQuarantines => {
+                let unhealthy: BTreeSet<i32> = self
+                    .tasks
+                    .values()
+                    .filter(|t| !t.active())
+                    .map(|t| t.partition)
+                    .collect();
+                if let Err(e) =
+                    crate::quarantine::prune(&state, crate::quarantine::KEEP, &unhealthy)
+                {
+                    warn!(error = %e, "could not prune old quarantined stores");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the back-offs that are due (their tasks open their store again).
+    pub(super) fn end_backoffs(&mut self) {
+        let now = now_ms();
+        let due: Vec<i32> = self
+            .tasks
+            .values()
+            .filter(|t| t.lifecycle.backoff().is_some_and(|b| now >= b.retry_at_ms))
+            .map(|t| t.partition)
+            .collect();
+        for p in due {
+            info!(partition = p, "retrying the store after backing off");
+            self.on_task_event(p, Event::Tick { now_ms: now });
+        }
+    }
+
+    /// Opens the store of one task that waits for it: its suspended store when it has one,
+    /// otherwise from disk (checked once in full when it has no clean checkpoint).
+    pub(super) fn open_next(&mut self) {
+        let Some(p) = self
+            .tasks
+            .values()
+            .find(|t| t.is(&Phase::Opening))
+            .map(|t| t.partition)
+        else {
+            return;
+        };
+        let event = if self.tasks[&p].store.is_some() {
+            Event::Opened(StoreOpen::Resumed)
+        } else {
+            let state = &self.shared.state_dir;
+            let existed = state.store_dir(p).join("CURRENT").exists();
+            let clean = checkpoint::read(&state.checkpoint_file(p))
+                .ok()
+                .flatten()
+                .is_some();
+            match self.open_store(p, existed && !clean) {
+                Ok(store) => {
+                    self.tasks.get_mut(&p).expect("task exists").store = Some(store);
+                    Event::Opened(match (existed, clean) {
+                        (false, _) => StoreOpen::FullRestore,
+                        (true, true) => StoreOpen::Clean,
+                        (true, false) => StoreOpen::ReplayedTail,
+                    })
+                }
+                Err(e) => {
+                    warn!(partition = p, error = %e, "could not open the store");
+                    Event::StoreFailed {
+                        fault: e.fault(),
+                        reason: e.reason().to_string(),
+                    }
+                }
+            }
+        };
+        self.on_task_event(p, event);
+        self.publish_tasks(true);
+    }
+
+    fn open_store(&self, partition: i32, verify: bool) -> Result<TaskStore, StoreError> {
+        let state = &self.shared.state_dir;
+        let store = TaskStore::open(
+            &state.store_dir(partition),
+            state.wal_dir(partition).as_deref(),
+            &self.cfg.rocksdb,
+            &self.memory,
+            Window {
+                retention: self.cfg.retention,
+                max_skew: self.cfg.max_skew,
+            },
+            &ChangelogIdentity {
+                topic: self.cfg.changelog_topic.clone(),
+                partition,
+            },
+        )?;
+        if verify {
+            // After an unclean stop, read everything once: damaged SST blocks are found now,
+            // not in the middle of processing.
+            let shared = self.shared.clone();
+            let keys = store.verify_with(|| shared.beat())?;
+            info!(partition, keys, "store verified after an unclean shutdown");
+        }
+        Ok(store)
+    }
+
+    /// One restore step of the first task that restores.
+    pub(super) fn restore_step(&mut self) -> Result<(), EngineError> {
+        let Some(p) = self
+            .tasks
+            .values()
+            .find(|t| t.is(&Phase::Restoring))
+            .map(|t| t.partition)
+        else {
+            return Ok(());
+        };
+        if self.shared.phase() != ProcessorPhase::Restoring {
+            self.shared.set_phase(ProcessorPhase::Restoring);
+        }
+        let task = self.tasks.get_mut(&p).expect("task exists");
+        let store = task.store.as_mut().expect("a restoring task has its store");
+        let result = if self.restorer.current() != Some(p) {
+            self.restorer.begin(p, store).map(|to_restore| {
+                info!(partition = p, from = ?store.meta().changelog_offset, to_restore, "restoring store from the changelog");
+                task.restore_started = Some(Instant::now());
+                task.health.restore = Some(RestoreProgress {
+                    records_restored: 0,
+                    records_to_restore: to_restore,
+                    started_at_ms: now_ms(),
+                    finished_at_ms: None,
+                });
+                (0, Step::InProgress)
+            })
+        } else {
+            self.restorer.step(p, store, RESTORE_STEP)
+        };
+        match result {
+            Ok((n, step)) => {
+                self.metrics.restore_records.inc_by(n);
+                let progress = task.health.restore.as_mut().expect("set at begin");
+                progress.records_restored += n;
+                task.health.store_changelog_offset = store.meta().changelog_offset;
+                let done = step == Step::Done;
+                if done {
+                    let seconds = task
+                        .restore_started
+                        .map_or(0.0, |s| s.elapsed().as_secs_f64());
+                    self.metrics.restore_seconds.inc_by(seconds);
+                    progress.finished_at_ms = Some(now_ms());
+                    info!(
+                        partition = p,
+                        restored = progress.records_restored,
+                        seconds,
+                        changelog_offset = ?store.meta().changelog_offset,
+                        "store restored"
+                    );
+                    self.restorer.finish();
+                    self.on_task_event(p, Event::CaughtUp);
+                }
+                // Restore progress is what the agent reports during a restore: publish it with
+                // every step (a step is up to RESTORE_STEP records), not only on the timer.
+                self.publish_tasks(done);
+                Ok(())
+            }
+            Err(RestoreError::Store(e)) => {
+                self.on_task_event(
+                    p,
+                    Event::StoreFailed {
+                        fault: e.fault(),
+                        reason: e.reason().to_string(),
+                    },
+                );
+                Ok(())
+            }
+            Err(e @ RestoreError::AheadOfChangelog { .. }) => {
+                self.on_task_event(
+                    p,
+                    Event::StoreFailed {
+                        fault: crate::store::Fault::Damaged,
+                        reason: e.to_string(),
+                    },
+                );
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Adds restored tasks to the consumer's assignment at their committed offsets. The open
+    /// transaction is committed first so every position is a committed one.
+    pub(super) fn activate_restored(
+        &mut self,
+        consumer: &GroupConsumer,
+    ) -> Result<(), EngineError> {
+        self.commit(consumer)?;
+        let restored: Vec<i32> = self
+            .tasks
+            .values()
+            .filter(|t| t.is(&Phase::Restored))
+            .map(|t| t.partition)
+            .collect();
+        if restored.is_empty() {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        for &p in &restored {
+            tpl.add_partition(&self.cfg.input_topic, p);
+        }
+        let committed = consumer
+            .committed_offsets(tpl, Duration::from_secs(30))
+            .map_err(|e| EngineError::Fatal(format!("fetching committed offsets: {e}")))?;
+        for &p in &restored {
+            let offset = committed
+                .find_partition(&self.cfg.input_topic, p)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                });
+            let task = self.tasks.get_mut(&p).expect("task exists");
+            task.position = offset;
+            task.committed = offset;
+            task.health.committed_offset = offset;
+            self.on_task_event(p, Event::Activated);
+            info!(partition = p, offset = ?offset, "task active");
+        }
+        self.reassign(consumer);
+        self.publish_tasks(true);
+        self.refresh_readiness();
+        Ok(())
+    }
+}

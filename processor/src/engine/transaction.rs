@@ -1,0 +1,416 @@
+//! The Kafka transaction: the producer, commit (and only then the store apply), abort, and what
+//! a failed transactional call means ([`crate::kafka_errors::classify_txn`]).
+//!
+//! A transaction the coordinator aborted on `transaction.timeout.ms` makes librdkafka report
+//! the producer as fenced; when our own transaction is that old, nobody else took over: the
+//! engine drops the transaction's work, creates a new producer and goes on, instead of exiting
+//! as a fenced instance would.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use tracing::{debug, warn};
+
+use super::delivery::{DeliveryTracker, await_deliveries};
+use super::{Engine, EngineConfig, EngineError, GroupConsumer, TXN_CALL_TIMEOUT, TXN_DEADLINE};
+use crate::kafka_errors::{TxnErrorFacts, TxnFailure, classify_txn, is_retriable};
+use crate::lifecycle::Event;
+use crate::shared::Shared;
+
+/// Sets `key` unless the user's client properties already do.
+fn default_property(cfg: &mut rdkafka::config::ClientConfig, key: &str, value: &str) {
+    if cfg.get(key).is_none() {
+        cfg.set(key, value);
+    }
+}
+
+/// Creates the transactional producer and initialises its transactions, which aborts what a
+/// previous incarnation left open and fences it.
+pub(super) fn new_producer(
+    cfg: &EngineConfig,
+    shared: &Arc<Shared>,
+) -> Result<BaseProducer<DeliveryTracker>, EngineError> {
+    let mut client = cfg.client.clone();
+    default_property(&mut client, "linger.ms", "5");
+    // Bounded buffers: the operator's memory budget counts on them.
+    default_property(&mut client, "queue.buffering.max.kbytes", "65536");
+    let producer: BaseProducer<DeliveryTracker> = client
+        .set("transactional.id", cfg.transactional_id())
+        .set("enable.idempotence", "true")
+        .create_with_context(DeliveryTracker::new(&cfg.changelog_topic))
+        .map_err(|e| EngineError::Fatal(format!("creating the producer: {e}")))?;
+    retry_txn(shared, || producer.init_transactions(TXN_CALL_TIMEOUT)).map_err(|e| {
+        match classify_txn(&TxnErrorFacts::of(&e), None, cfg.transaction_timeout()) {
+            TxnFailure::Fenced(detail) => EngineError::Fenced {
+                transactional_id: cfg.transactional_id(),
+                detail,
+            },
+            TxnFailure::Abortable(d) | TxnFailure::TimedOut(d) | TxnFailure::Fatal(d) => {
+                EngineError::Fatal(format!("init_transactions: {d}"))
+            }
+        }
+    })?;
+    Ok(producer)
+}
+
+/// Calls a transactional function until it succeeds or fails for a reason other than a
+/// retriable one (timeouts included: the operation continues in the background and calling
+/// again is how to wait for it). Each retry counts as progress of the loop.
+fn retry_txn(
+    shared: &Shared,
+    mut f: impl FnMut() -> Result<(), KafkaError>,
+) -> Result<(), KafkaError> {
+    let deadline = Instant::now() + TXN_DEADLINE;
+    loop {
+        shared.beat();
+        match f() {
+            Ok(()) => return Ok(()),
+            Err(e) if is_retriable(&e) && Instant::now() < deadline => {
+                debug!(error = %e, "retriable transactional error; retrying");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl Engine {
+    /// The error a failed transactional call ends the engine with (or `Fatal` for an abortable
+    /// one where aborting is not possible, such as `begin_transaction`).
+    pub(super) fn txn_error(
+        &self,
+        what: &str,
+        e: &KafkaError,
+        txn_age: Option<Duration>,
+    ) -> EngineError {
+        match classify_txn(
+            &TxnErrorFacts::of(e),
+            txn_age,
+            self.cfg.transaction_timeout(),
+        ) {
+            TxnFailure::Fenced(detail) => EngineError::Fenced {
+                transactional_id: self.cfg.transactional_id(),
+                detail,
+            },
+            TxnFailure::Abortable(d) | TxnFailure::TimedOut(d) | TxnFailure::Fatal(d) => {
+                EngineError::Fatal(format!("{what}: {d}"))
+            }
+        }
+    }
+
+    /// Commits the open transaction and applies its writes to the stores. Abortable errors
+    /// abort instead (writes dropped, consumer rewound); only errors that end the engine are
+    /// returned.
+    pub fn commit(&mut self, consumer: &GroupConsumer) -> Result<(), EngineError> {
+        let Some(txn) = &self.txn else {
+            return Ok(());
+        };
+        let started = txn.started;
+        let commit_start = Instant::now();
+        let failures = self.producer.context().take_failures();
+        if !failures.is_empty() {
+            return self.on_produce_errors(consumer, failures);
+        }
+        let mut positions = TopicPartitionList::new();
+        for task in self.tasks.values().filter(|t| t.dirty) {
+            if let Some(pos) = task.position {
+                positions
+                    .add_partition_offset(
+                        &self.cfg.input_topic,
+                        task.partition,
+                        Offset::Offset(pos),
+                    )
+                    .expect("valid");
+            }
+        }
+        let Some(group) = consumer.group_metadata() else {
+            self.abort(consumer, "no consumer group metadata");
+            return Ok(());
+        };
+        await_deliveries(&self.producer, TXN_CALL_TIMEOUT);
+        let failures = self.producer.context().take_failures();
+        if !failures.is_empty() {
+            return self.on_produce_errors(consumer, failures);
+        }
+        let shared = self.shared.clone();
+        let sent = retry_txn(&shared, || {
+            self.producer
+                .send_offsets_to_transaction(&positions, &group, TXN_CALL_TIMEOUT)
+        });
+        let committed = sent.and_then(|()| {
+            retry_txn(&shared, || {
+                self.producer.commit_transaction(TXN_CALL_TIMEOUT)
+            })
+        });
+        if let Err(e) = committed {
+            // A record Kafka refused dooms the transaction: charge it to that record.
+            let failures = self.producer.context().take_failures();
+            if !failures.is_empty() {
+                return self.on_produce_errors(consumer, failures);
+            }
+            return self.on_txn_failure(consumer, "commit", &e, started.elapsed());
+        }
+        let txn = self.txn.take().expect("open");
+        self.metrics.transactions_committed.inc();
+        self.transient_aborts = 0;
+        self.faults.after_commit();
+        // Committed: now, and only now, the staged writes reach the stores.
+        let changelog_offsets = self.producer.context().take_offsets();
+        let mut failed = Vec::new();
+        for task in self.tasks.values_mut().filter(|t| t.dirty) {
+            task.staged.changelog_offset = changelog_offsets.get(&task.partition).map(|o| o + 1);
+            if task.staged.changelog_offset.is_some() {
+                task.at_commit_marker = true;
+            }
+            task.staged.input_offset = task.position;
+            if let Some(store) = task.store.as_mut()
+                && let Err(e) = store.apply(&task.staged)
+            {
+                // The data is safe in the changelog: the store catches up from it.
+                failed.push((task.partition, e));
+            }
+            task.staged.clear();
+            task.committed = task.position;
+            task.dirty = false;
+            task.health.committed_offset = task.committed;
+            if let Some(store) = &task.store {
+                task.health.store_changelog_offset = store.meta().changelog_offset;
+            }
+            task.health.last_checkpoint_at_ms = Some(crate::shared::now_ms());
+            if let Some(pos) = task.position {
+                self.attempts.committed(task.partition, pos);
+            }
+        }
+        self.count_dead_letters(txn.dead_letters);
+        for (p, e) in failed {
+            self.on_task_event(
+                p,
+                Event::StoreFailed {
+                    fault: e.fault(),
+                    reason: e.reason().to_string(),
+                },
+            );
+        }
+        self.metrics
+            .commit_seconds
+            .observe(commit_start.elapsed().as_secs_f64());
+        debug!(
+            txn_ms = started.elapsed().as_millis() as u64,
+            "transaction committed"
+        );
+        Ok(())
+    }
+
+    fn count_dead_letters(&mut self, notes: Vec<streamapp_api::health::DeadLetterNote>) {
+        if notes.is_empty() {
+            return;
+        }
+        for note in &notes {
+            self.metrics
+                .dead_letters
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: note.reason.clone(),
+                })
+                .inc();
+        }
+        self.shared.update(true, |h| {
+            for note in &notes {
+                *h.dead_letters.entry(note.reason.clone()).or_default() += 1;
+            }
+            h.last_dead_letter = notes.last().cloned();
+        });
+    }
+
+    /// What a failed commit (or abort) leads to.
+    fn on_txn_failure(
+        &mut self,
+        consumer: &GroupConsumer,
+        what: &str,
+        e: &KafkaError,
+        txn_age: Duration,
+    ) -> Result<(), EngineError> {
+        match classify_txn(
+            &TxnErrorFacts::of(e),
+            Some(txn_age),
+            self.cfg.transaction_timeout(),
+        ) {
+            TxnFailure::Abortable(why) => {
+                self.abort(consumer, &why);
+                Ok(())
+            }
+            TxnFailure::TimedOut(why) => self.recover_from_timeout(consumer, &why),
+            TxnFailure::Fenced(detail) => Err(EngineError::Fenced {
+                transactional_id: self.cfg.transactional_id(),
+                detail,
+            }),
+            TxnFailure::Fatal(d) => Err(EngineError::Fatal(format!("{what}: {d}"))),
+        }
+    }
+
+    /// Aborts the open transaction: staged writes are dropped and the consumer goes back to
+    /// the committed positions, so the records are processed again.
+    pub(super) fn abort(&mut self, consumer: &GroupConsumer, why: &str) {
+        let Some(txn) = self.txn.take() else {
+            return;
+        };
+        warn!(reason = why, "aborting the transaction");
+        self.metrics.transactions_aborted.inc();
+        // librdkafka waits for the delivery reports of the aborted records, and a BaseProducer
+        // only serves them when polled: flush serves them (the records are aborted anyway).
+        let _ = self.producer.flush(TXN_CALL_TIMEOUT);
+        let shared = self.shared.clone();
+        let aborted = retry_txn(&shared, || {
+            self.producer.poll(Duration::ZERO);
+            self.producer.abort_transaction(TXN_CALL_TIMEOUT)
+        });
+        self.producer.context().clear();
+        self.aborts += 1;
+        self.rewind(consumer);
+        if let Err(e) = aborted {
+            // The transaction is gone either way; what matters is whether we may go on.
+            let age = txn.started.elapsed();
+            match classify_txn(
+                &TxnErrorFacts::of(&e),
+                Some(age),
+                self.cfg.transaction_timeout(),
+            ) {
+                TxnFailure::TimedOut(why) => {
+                    if let Err(e) = self.replace_producer(&why) {
+                        self.pending_error = Some(e);
+                    }
+                }
+                TxnFailure::Fenced(detail) => {
+                    self.pending_error = Some(EngineError::Fenced {
+                        transactional_id: self.cfg.transactional_id(),
+                        detail,
+                    });
+                }
+                TxnFailure::Abortable(d) | TxnFailure::Fatal(d) => {
+                    self.pending_error = Some(EngineError::Fatal(format!("abort: {d}")));
+                }
+            }
+        }
+    }
+
+    /// The group coordinator fenced this pod's `group.instance.id`. That is another instance
+    /// of the pod only if it fenced our producer too: an engine initialises its transactions
+    /// (fencing older producers of its `transactional.id`) before it joins the group. So one
+    /// probe transaction tells: fenced as well, another instance took over and this one stops;
+    /// not, the coordinator lost track of our membership (as after its own crash) and the
+    /// engine starts again and rejoins.
+    pub(super) fn after_instance_fenced(
+        &mut self,
+        consumer: &GroupConsumer,
+        detail: &str,
+    ) -> EngineError {
+        self.abort(consumer, "the consumer's group membership was fenced");
+        if let Some(e @ EngineError::Fenced { .. }) = self.pending_error.take() {
+            return e;
+        }
+        match self.probe_transaction() {
+            Err(TxnFailure::Fenced(producer)) => EngineError::Fenced {
+                transactional_id: self.cfg.transactional_id(),
+                detail: format!(
+                    "the group fenced this pod's group.instance.id ({detail}) and the producer is fenced too ({producer})"
+                ),
+            },
+            probe => {
+                warn!(
+                    ?probe,
+                    detail,
+                    "the group fenced this pod's group.instance.id, but no other instance holds its transactional.id: rejoining"
+                );
+                EngineError::Fatal(format!(
+                    "the group coordinator fenced group.instance.id {} without another instance holding transactional.id {} ({detail}): starting again",
+                    self.cfg.pod,
+                    self.cfg.transactional_id()
+                ))
+            }
+        }
+    }
+
+    /// A transaction with one record to the changelog, aborted: a round trip to the
+    /// transaction coordinator with our producer epoch, visible to no read_committed reader.
+    /// A producer librdkafka already holds for fenced fails it at once.
+    fn probe_transaction(&mut self) -> Result<(), TxnFailure> {
+        let timeout = self.cfg.transaction_timeout();
+        let fatal = |producer: &BaseProducer<DeliveryTracker>| {
+            producer.client().fatal_error().map(|(code, message)| {
+                classify_txn(
+                    &TxnErrorFacts {
+                        code: Some(code),
+                        fatal: true,
+                        message,
+                    },
+                    None,
+                    timeout,
+                )
+            })
+        };
+        if let Some(failure) = fatal(&self.producer) {
+            return Err(failure);
+        }
+        let result = self.probe_round_trip();
+        match (result, fatal(&self.producer)) {
+            (Err(_), Some(failure)) => Err(failure),
+            (result, _) => result,
+        }
+    }
+
+    fn probe_round_trip(&mut self) -> Result<(), TxnFailure> {
+        let timeout = self.cfg.transaction_timeout();
+        let fail = |e: &KafkaError| classify_txn(&TxnErrorFacts::of(e), None, timeout);
+        self.producer.begin_transaction().map_err(|e| fail(&e))?;
+        let record: rdkafka::producer::BaseRecord<'_, [u8], [u8], Box<super::Origin>> =
+            rdkafka::producer::BaseRecord::with_opaque_to(
+                &self.cfg.changelog_topic,
+                Box::new(super::Origin {
+                    partition: -1,
+                    offset: -1,
+                }),
+            )
+            .partition(0)
+            .key(b"streamapp.fence-probe".as_slice());
+        if let Err((e, _)) = self.producer.send(record) {
+            let _ = self.producer.abort_transaction(TXN_CALL_TIMEOUT);
+            return Err(fail(&e));
+        }
+        await_deliveries(&self.producer, TXN_CALL_TIMEOUT);
+        let shared = self.shared.clone();
+        let aborted = retry_txn(&shared, || {
+            self.producer.poll(Duration::ZERO);
+            self.producer.abort_transaction(TXN_CALL_TIMEOUT)
+        });
+        self.producer.context().clear();
+        aborted.map_err(|e| fail(&e))
+    }
+
+    /// The coordinator aborted our transaction on its timeout: drop its work, rewind, and go
+    /// on with a new producer.
+    fn recover_from_timeout(
+        &mut self,
+        consumer: &GroupConsumer,
+        why: &str,
+    ) -> Result<(), EngineError> {
+        self.txn = None;
+        self.metrics.transactions_aborted.inc();
+        self.aborts += 1;
+        self.rewind(consumer);
+        self.replace_producer(why)
+    }
+
+    fn replace_producer(&mut self, why: &str) -> Result<(), EngineError> {
+        warn!(
+            reason = why,
+            timeout_ms = self.cfg.transaction_timeout().as_millis() as u64,
+            "the transaction outlived transaction.timeout.ms and the coordinator aborted it \
+             (not a fence by another instance): its records are processed again with a new producer"
+        );
+        self.metrics.transaction_timeouts.inc();
+        self.producer = new_producer(&self.cfg, &self.shared)?;
+        Ok(())
+    }
+}
