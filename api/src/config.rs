@@ -19,18 +19,19 @@ use crate::units::{parse_duration, parse_quantity};
 pub struct Topology {
     /// Topic the commands are read from (read_committed). Each partition is one task with its
     /// own state store.
-    #[schemars(length(min = 1, max = 249))]
+    #[schemars(length(min = 1, max = 249), regex(pattern = r"^[a-zA-Z0-9._-]+$"))]
     pub input_topic: String,
     /// Topic every first occurrence of an id is written to.
-    #[schemars(length(min = 1, max = 249))]
+    #[schemars(length(min = 1, max = 249), regex(pattern = r"^[a-zA-Z0-9._-]+$"))]
     pub output_topic: String,
     /// Optional topic repeated ids are written to (they are counted either way).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 249), regex(pattern = r"^[a-zA-Z0-9._-]+$"))]
     pub duplicates_topic: Option<String>,
     /// Topic for records that cannot be processed (no dedup id, undecodable payload, too
     /// large, stamped too far in the future, failing every attempt), with a
     /// `streamapp.dlq.reason` header saying why. Nothing is dropped silently.
-    #[schemars(length(min = 1, max = 249))]
+    #[schemars(length(min = 1, max = 249), regex(pattern = r"^[a-zA-Z0-9._-]+$"))]
     pub dead_letter_topic: String,
     /// Where the dedup id of a record is found.
     #[serde(default)]
@@ -619,8 +620,8 @@ impl Topology {
             topics.push(("topology.duplicatesTopic", d));
         }
         for (i, (field, topic)) in topics.iter().enumerate() {
-            if topic.is_empty() {
-                return Err(ConfigError::field(field, "must not be empty"));
+            if let Err(why) = check_topic_name(topic) {
+                return Err(ConfigError::field(field, why));
             }
             if let Some((other, _)) = topics[..i].iter().find(|(_, t)| t == topic) {
                 return Err(ConfigError::field(
@@ -655,6 +656,26 @@ impl Topology {
             max_record_attempts: self.max_record_attempts,
         })
     }
+}
+
+/// Kafka's own rule for topic names (what its admin API would refuse at creation): 1 to 249 of
+/// `a-z A-Z 0-9 . _ -`, and neither `.` nor `..`. The CRD states the same rule.
+pub fn check_topic_name(topic: &str) -> Result<(), &'static str> {
+    if topic.is_empty() || topic.len() > 249 {
+        return Err("must be 1 to 249 characters long");
+    }
+    if !topic
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
+        return Err(
+            "must use only letters, digits, '.', '_' and '-' (Kafka's rule for topic names)",
+        );
+    }
+    if topic == "." || topic == ".." {
+        return Err("must not be '.' or '..'");
+    }
+    Ok(())
 }
 
 impl ProcessorConfig {
@@ -870,6 +891,31 @@ mod tests {
         let e = t.resolve().unwrap_err();
         assert_eq!(e.field, "topology.outputTopic");
         assert!(e.message.contains("topology.inputTopic"), "{e}");
+    }
+
+    #[test]
+    fn topic_names_follow_kafkas_rule() {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "orders events",
+            "orders/v1",
+            &"x".repeat(250),
+        ] {
+            let t = Topology {
+                output_topic: bad.to_string(),
+                ..topology()
+            };
+            assert_eq!(
+                t.resolve().unwrap_err().field,
+                "topology.outputTopic",
+                "{bad:?}"
+            );
+        }
+        for good in ["orders.v1", "orders_dedup-2", "...", &"x".repeat(249)] {
+            assert_eq!(check_topic_name(good), Ok(()), "{good:?}");
+        }
     }
 
     #[test]

@@ -110,6 +110,10 @@ use crate::config::{RocksDbTuning, Topology};
     validation = Rule::new("!has(self.topology.dedupId) || self.topology.dedupId.source != 'JsonPointer' || (has(self.topology.dedupId.jsonPointer) && self.topology.dedupId.jsonPointer.startsWith('/'))").message("topology.dedupId.jsonPointer (starting with '/', e.g. /commandId) is required when topology.dedupId.source is JsonPointer"),
     validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.wal) || !has(self.rocksdb.wal.recoveryMode) || self.rocksdb.wal.recoveryMode != 'SkipAnyCorruptedRecords'").message("rocksdb.wal.recoveryMode SkipAnyCorruptedRecords can leave holes in the store that no offset reveals; use PointInTime, TolerateCorruptedTailRecords or AbsoluteConsistency"),
     validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.compactionStyle) || self.rocksdb.compactionStyle != 'Fifo'").message("rocksdb.compactionStyle Fifo deletes the oldest SST files and with them ids the store still vouches for, so repeats would be output as first occurrences; use Level (default) or Universal"),
+    validation = Rule::new("![self.topology.inputTopic, self.topology.outputTopic, self.topology.deadLetterTopic].exists(t, t == '.' || t == '..') && (!has(self.topology.duplicatesTopic) || !(self.topology.duplicatesTopic in ['.', '..']))").message("topic names must not be '.' or '..' (Kafka refuses them)"),
+    validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.blockSize) || quantity(self.rocksdb.blockSize).compareTo(quantity('1Ki')) >= 0").message("rocksdb.blockSize must be at least 1Ki"),
+    validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.writeBufferSize) || quantity(self.rocksdb.writeBufferSize).compareTo(quantity('1Mi')) >= 0").message("rocksdb.writeBufferSize must be at least 1Mi (smaller memtables flush all the time)"),
+    validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.writeBufferSize) || !has(self.rocksdb.memtableBudget) || quantity(self.rocksdb.memtableBudget).compareTo(quantity(self.rocksdb.writeBufferSize)) >= 0").message("rocksdb.memtableBudget must be at least rocksdb.writeBufferSize"),
     validation = Rule::new("duration(self.topology.maxSkew) < duration(self.topology.retention)").message("topology.maxSkew must be less than topology.retention (ids are remembered for retention minus maxSkew at least)"),
     validation = Rule::new("quantity(self.topology.maxValueSize).asInteger() + 65536 <= (has(self.kafka.properties) && 'message.max.bytes' in self.kafka.properties ? int(self.kafka.properties['message.max.bytes']) : 1000000)").message("topology.maxValueSize plus 64Ki for key and headers must fit the producer's message.max.bytes (kafka.properties.message.max.bytes, librdkafka's default 1000000): use at most 934464 bytes (the default is 900k) or raise message.max.bytes"),
 )]
@@ -151,6 +155,11 @@ pub struct StreamAppSpec {
     /// once, so at most that many restore their stores while the others keep processing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disruption_budget: Option<DisruptionBudgetSpec>,
+    /// The pods' NetworkPolicy (on by default): ingress only to the processor's HTTP port
+    /// (metrics, probes, the drain endpoint) and the agent's metrics port; egress (Kafka, the
+    /// API server) is not restricted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicySpec>,
     /// What deleting the StreamApp leaves in Kafka. `Retain` (default): the consumer group and
     /// the internal topics (changelog, repartition) stay, so a StreamApp created again under
     /// the same name resumes where this one stopped. `Delete`: the pods are stopped and the
@@ -171,6 +180,23 @@ pub struct DisruptionBudgetSpec {
 
 pub fn default_max_unavailable() -> k8s_openapi::apimachinery::pkg::util::intstr::IntOrString {
     k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    /// Create the NetworkPolicy (default true). Off: the operator deletes one it created.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Who may reach those ports (NetworkPolicy peers, e.g. the namespace of your Prometheus);
+    /// unset or empty: any pod in any namespace. The kubelet's probes come from the node, and
+    /// the drain endpoint answers only loopback callers (the preStop hook) anyway.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -7,11 +7,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::Api;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use streamapp_api::crd::{PodStateStatus, StreamAppStatus};
+use streamapp_api::crd::{PodStateStatus, StreamApp, StreamAppStatus};
 use streamapp_e2e::{APP, Scenario, Sent, pod_name};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
@@ -406,7 +407,8 @@ async fn a_rocksdb_change_rolls_the_pods_one_at_a_time_each_ready_only_after_res
 }
 
 #[tokio::test]
-async fn kubectl_scale_moves_partitions_keeps_exactly_once_and_claims_follow_the_policy() {
+async fn kubectl_scale_moves_partitions_steps_in_one_pod_at_a_time_keeps_exactly_once_and_claims_follow_the_policy()
+ {
     let s = Scenario::start("scale", 4).await;
     let mut app = s.example();
     app["spec"]["storage"]["retentionPolicy"] =
@@ -440,6 +442,31 @@ async fn kubectl_scale_moves_partitions_keeps_exactly_once_and_claims_follow_the
     sent.produce(&s, 500, 0.3, 0);
     s.assert_exactly_once(&sent);
 
+    // Scale-in goes one pod at a time, each step once the remaining pods took the leaving
+    // pod's partitions over: watch the StatefulSet's replicas and the Progressing reason.
+    let watcher = {
+        let client = s.client.clone();
+        let ns = s.namespace.clone();
+        tokio::spawn(async move {
+            let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+            let apps: Api<StreamApp> = Api::namespaced(client, &ns);
+            let (mut replicas, mut reasons) = (Vec::<i32>::new(), Vec::<String>::new());
+            while replicas.last() != Some(&1) {
+                let r = sets.get(APP).await.unwrap().spec.unwrap().replicas.unwrap();
+                if replicas.last() != Some(&r) {
+                    replicas.push(r);
+                }
+                let status = apps.get(APP).await.unwrap().status.unwrap_or_default();
+                if let Some((_, reason, _)) = condition(&status, "Progressing") {
+                    if reasons.last().map(String::as_str) != Some(reason) {
+                        reasons.push(reason.to_string());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (replicas, reasons)
+        })
+    };
     s.kubectl(&["scale", "streamapp", APP, "--replicas=1"]);
     s.wait_for_status("1/1 Running", READY_TIMEOUT, |st| {
         st.ready.as_deref() == Some("1/1")
@@ -447,6 +474,16 @@ async fn kubectl_scale_moves_partitions_keeps_exactly_once_and_claims_follow_the
             && st.phase.as_deref() == Some("Running")
     })
     .await;
+    let (steps, reasons) = watcher.await.unwrap();
+    assert_eq!(
+        steps,
+        [3, 2, 1],
+        "the StatefulSet's replicas during the scale-in"
+    );
+    assert!(
+        reasons.iter().any(|r| r == "ScalingIn"),
+        "the status said the scale-in waited: {reasons:?}"
+    );
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(s.client.clone(), &s.namespace);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

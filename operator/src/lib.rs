@@ -1,13 +1,14 @@
 //! The StreamApp operator: reconciles `StreamApp` resources into a StatefulSet, a headless
-//! Service, a ConfigMap with the processor configuration, a PodDisruptionBudget and the agent's
-//! RBAC, and aggregates the pods' state into the StreamApp's status.
+//! Service, a ConfigMap with the processor configuration, a PodDisruptionBudget, a NetworkPolicy
+//! and the agent's RBAC, and aggregates the pods' state into the StreamApp's status.
 //!
 //! Pure builders compute what should exist; [`reconcile`] fetches, calls them and applies:
 //!
-//! - [`statefulset`], [`service`], [`processor_config`], [`disruption_budget`], [`rbac`]: the
-//!   owned objects, all marked by [`owned`].
+//! - [`statefulset`], [`service`], [`processor_config`], [`disruption_budget`],
+//!   [`network_policy`], [`rbac`]: the owned objects, all marked by [`owned`].
 //! - [`preflight`]: what CEL cannot check (configuration, memory budget); blocks rollouts.
 //! - [`storage`]: growing volumes that StatefulSets cannot grow.
+//! - [`scaling`]: scale-in one pod at a time, once the remaining pods hold the state.
 //! - [`reset`], [`cleanup`]: the application reset and the cleanup after deletion, as state
 //!   machines.
 //! - [`kafka`]: the StreamApp's topics and consumer group, seen with its own credentials; the
@@ -30,6 +31,7 @@ pub mod events;
 pub mod kafka;
 pub mod leader;
 pub mod metrics;
+pub mod network_policy;
 pub mod owned;
 pub mod pod_health;
 pub mod preflight;
@@ -38,6 +40,7 @@ pub mod rbac;
 pub mod reconcile;
 pub mod reset;
 pub mod rollout;
+pub mod scaling;
 pub mod secrets;
 pub mod service;
 pub mod spec_reference;

@@ -65,6 +65,8 @@ pub struct Findings {
     pub effective_replicas: Option<i32>,
     /// The reset in progress or last done (see `reset`).
     pub reset: Option<streamapp_api::crd::ResetStatus>,
+    /// A scale-in waiting for the remaining pods to hold the state (see `scaling`).
+    pub scale_in: Option<String>,
 }
 
 /// What the operator saw of a StreamApp's Kafka (see [`crate::kafka`]).
@@ -85,6 +87,8 @@ pub enum KafkaFinding {
 
 pub const TOPICS_READY: &str = "TopicsReady";
 pub const REPLICAS_CAPPED: &str = "ReplicasCapped";
+/// Progressing reason while a scale-in steps one pod at a time (see [`crate::scaling`]).
+pub const SCALING_IN: &str = "ScalingIn";
 pub const TOPIC_MISSING: &str = "TopicMissing";
 pub const INPUT_PARTITIONS_CHANGED: &str = "InputPartitionsChanged";
 pub const KAFKA_UNREACHABLE: &str = "KafkaUnreachable";
@@ -192,7 +196,7 @@ pub fn compute_status(
         PHASE_DEGRADED
     } else if sts.is_none() {
         PHASE_PENDING
-    } else if rolling || ready < desired {
+    } else if rolling || ready < desired || findings.scale_in.is_some() {
         PHASE_PROGRESSING
     } else {
         PHASE_RUNNING
@@ -260,6 +264,11 @@ pub fn compute_status(
                 "{}/{desired} pods run the current pod template",
                 w.updated.min(desired)
             ),
+        ),
+        Some(_) if findings.scale_in.is_some() => (
+            "True",
+            SCALING_IN,
+            findings.scale_in.clone().unwrap_or_default(),
         ),
         Some(w) if w.scaling => (
             "True",

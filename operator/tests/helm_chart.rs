@@ -152,6 +152,7 @@ fn namespaced_permissions() -> Vec<Permission> {
         ("apps", "statefulsets", "delete"),
         ("apps", "statefulsets/scale", "patch"),
         ("", "configmaps", "delete"),
+        ("networking.k8s.io", "networkpolicies", "delete"),
         ("", "persistentvolumeclaims", "get"),
         ("", "persistentvolumeclaims", "list"),
         ("", "persistentvolumeclaims", "watch"),
@@ -174,6 +175,7 @@ fn namespaced_permissions() -> Vec<Permission> {
         ("", "configmaps"),
         ("", "serviceaccounts"),
         ("policy", "poddisruptionbudgets"),
+        ("networking.k8s.io", "networkpolicies"),
         ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io", "rolebindings"),
     ] {

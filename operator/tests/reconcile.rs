@@ -11,6 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -149,6 +150,19 @@ async fn creating_a_streamapp_creates_every_owned_object_with_the_expected_field
             .unwrap();
         owned_by_app(&pdb.metadata);
         assert_eq!(pdb.spec.unwrap().max_unavailable, Some(IntOrString::Int(1)));
+
+        let policy = Api::<NetworkPolicy>::namespaced(client.clone(), &ns)
+            .get("orders")
+            .await
+            .unwrap();
+        owned_by_app(&policy.metadata);
+        let ports: Vec<_> = policy.spec.unwrap().ingress.unwrap()[0]
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| p.port.clone().unwrap())
+            .collect();
+        assert_eq!(ports, [IntOrString::Int(8080), IntOrString::Int(8081)]);
 
         let sa = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
             .get("orders-agent")
@@ -880,6 +894,47 @@ async fn kubectl_scale_still_works_while_a_rollout_is_blocked() {
             "registry.example/streamapp:1.0",
             "the rest of the spec still waits for the memory budget"
         );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn turning_the_network_policy_off_deletes_it_and_the_budget_follows_the_spec() {
+    with_operator("netpol", |client, ns| async move {
+        create(&client, &ns, streamapp_json("ledger", 1)).await;
+        let policies = Api::<NetworkPolicy>::namespaced(client.clone(), &ns);
+        wait_for(Duration::from_secs(30), "the NetworkPolicy", || async {
+            policies.get_opt("ledger").await.unwrap().is_some()
+        })
+        .await;
+        patch_spec(
+            &client,
+            &ns,
+            "ledger",
+            serde_json::json!({
+                "networkPolicy": { "enabled": false },
+                "disruptionBudget": { "maxUnavailable": "50%" },
+            }),
+        )
+        .await;
+        wait_for(
+            Duration::from_secs(30),
+            "the NetworkPolicy to be deleted",
+            || async { policies.get_opt("ledger").await.unwrap().is_none() },
+        )
+        .await;
+        let budgets = Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns);
+        wait_for(Duration::from_secs(30), "maxUnavailable 50%", || async {
+            budgets
+                .get("ledger")
+                .await
+                .unwrap()
+                .spec
+                .unwrap()
+                .max_unavailable
+                == Some(IntOrString::String("50%".into()))
+        })
+        .await;
     })
     .await;
 }

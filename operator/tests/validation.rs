@@ -268,3 +268,55 @@ async fn setting_or_changing_the_storage_class_of_an_existing_streamapp_is_refus
     );
     ns.delete().await;
 }
+
+#[tokio::test]
+async fn a_topic_name_kafka_refuses_is_refused() {
+    let ns = namespace("topicname").await;
+    let app = with(
+        streamapp_json("a", 1),
+        "/spec/topology/outputTopic",
+        "orders/out".into(),
+    );
+    assert_refused(
+        &ns.name,
+        app,
+        "spec.topology.outputTopic in body should match '^[a-zA-Z0-9._-]+$'",
+    );
+    let app = with(
+        streamapp_json("a", 1),
+        "/spec/topology/deadLetterTopic",
+        "..".into(),
+    );
+    assert_refused(&ns.name, app, "topic names must not be '.' or '..'");
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn rocksdb_knobs_rocksdb_cannot_work_with_are_refused() {
+    let ns = namespace("knobs").await;
+    let cases = [
+        (
+            serde_json::json!({ "blockSize": "512" }),
+            "rocksdb.blockSize must be at least 1Ki",
+        ),
+        (
+            serde_json::json!({ "writeBufferSize": "512Ki" }),
+            "rocksdb.writeBufferSize must be at least 1Mi",
+        ),
+        (
+            serde_json::json!({ "writeBufferSize": "64Mi", "memtableBudget": "32Mi" }),
+            "rocksdb.memtableBudget must be at least rocksdb.writeBufferSize",
+        ),
+    ];
+    for (rocksdb, expected) in cases {
+        let app = with(streamapp_json("a", 1), "/spec/rocksdb", rocksdb);
+        assert_refused(&ns.name, app, expected);
+    }
+    let fine = with(
+        streamapp_json("a", 1),
+        "/spec/rocksdb",
+        serde_json::json!({ "blockSize": "16Ki", "writeBufferSize": "8Mi", "memtableBudget": "64Mi" }),
+    );
+    apply(&ns.name, &fine).expect("knobs at sensible values are accepted");
+    ns.delete().await;
+}

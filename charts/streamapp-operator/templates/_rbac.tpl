@@ -31,6 +31,10 @@ Cluster-wide by default; a Role in watchNamespace when it watches one namespace.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: {{ toJson $owned }}
+# The pods' NetworkPolicy; deleted when a StreamApp turns spec.networkPolicy off.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Replicas alone (scaling while the rest of a spec waits, stopping the pods for a reset or a
 # cleanup) go through the scale subresource.
 - apiGroups: ["apps"]

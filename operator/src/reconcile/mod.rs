@@ -18,6 +18,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
@@ -28,7 +29,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use streamapp_api::crd::StreamApp;
+use streamapp_api::crd::{PodStateStatus, StreamApp};
 use tracing::{debug, info, warn};
 
 use crate::cleanup::{FinalizerChange, finalizer_change};
@@ -41,7 +42,8 @@ use crate::pod_health::pod_problems;
 use crate::preflight::{Blocker, INVALID_CONFIG, preflight};
 use crate::status::{Findings, KafkaFinding, compute_status};
 use crate::{
-    disruption_budget, processor_config, rbac, reset, rollout, secrets, service, statefulset,
+    disruption_budget, network_policy, processor_config, rbac, reset, rollout, scaling, secrets,
+    service, statefulset,
 };
 use objects::*;
 
@@ -164,6 +166,7 @@ pub async fn run_controller(ctx: Arc<Context>, namespace: Option<String>) {
         .owns_stream(meta::<Service>(&client, ns, owned()))
         .owns_stream(meta::<ConfigMap>(&client, ns, owned()))
         .owns_stream(meta::<PodDisruptionBudget>(&client, ns, owned()))
+        .owns_stream(meta::<NetworkPolicy>(&client, ns, owned()))
         .owns_stream(meta::<ServiceAccount>(&client, ns, owned()))
         .owns_stream(meta::<Role>(&client, ns, owned()))
         .owns_stream(meta::<RoleBinding>(&client, ns, owned()))
@@ -316,6 +319,11 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         &disruption_budget::desired_disruption_budget(app),
     )
     .await?;
+    if network_policy::wanted(app) {
+        apply(client, &ns, &network_policy::desired_network_policy(app)).await?;
+    } else {
+        delete_if_present::<NetworkPolicy>(client, &ns, &owned::workload_name(app)).await?;
+    }
 
     let live = read_statefulset(client, app).await?;
     if let Some(live) = live.as_ref().filter(|l| rollout::needs_recreate(l)) {
@@ -376,11 +384,20 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
     let reset_status =
         operations::run_reset_step(ctx, app, &reset_plan, &kafka, &claims, &internal_topics)
             .await?;
-    let replicas = if reset_plan.stops_pods() {
+    let target = if reset_plan.stops_pods() {
         0
     } else {
         normal_replicas
     };
+    let reports: Vec<&PodStateStatus> = app.status.iter().flat_map(|s| s.pods.iter()).collect();
+    let step = scaling::next_step(
+        &app.name_any(),
+        live.as_ref().and_then(|l| l.spec.as_ref()?.replicas),
+        target,
+        partitions_cap,
+        &reports,
+    );
+    let replicas = step.replicas;
 
     let storage = resize_claims(ctx, app, &ns).await?;
     let mut notices = Vec::new();
@@ -426,6 +443,7 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         kafka: kafka_finding,
         effective_replicas: (replicas != app.spec.replicas).then_some(replicas),
         reset: reset_status,
+        scale_in: step.waiting,
     };
     let kafka_trouble =
         !matches!(&findings.kafka, KafkaFinding::Seen { problems, .. } if problems.is_empty());

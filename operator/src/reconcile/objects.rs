@@ -383,6 +383,30 @@ where
         )))
 }
 
+/// Deletes the owned object `name` if it exists (an optional object the spec turned off).
+pub(super) async fn delete_if_present<K>(client: &Client, ns: &str, name: &str) -> Result<()>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    match Api::<K>::namespaced(client.clone(), ns)
+        .delete(name, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => {
+            info!(kind = %K::kind(&()), %name, "deleted, the spec no longer asks for it");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(format!(
+            "deleting {} {ns}/{name}",
+            K::kind(&())
+        ))(e)),
+    }
+}
+
 /// Publishes an event on the StreamApp; a failure is logged, never fails the reconcile.
 pub(super) async fn publish(ctx: &Context, app: &StreamApp, notice: Notice) {
     let event = Event {

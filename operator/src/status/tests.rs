@@ -552,3 +552,25 @@ fn reports_of_pods_scaled_away_are_stale_once_the_pods_are_gone() {
         [(2, "orders-2".to_string()), (4, "other-0".to_string())]
     );
 }
+
+#[test]
+fn a_scale_in_waiting_for_the_remaining_pods_is_progressing_with_what_it_waits_for() {
+    let findings = Findings {
+        effective_replicas: Some(3),
+        scale_in: Some("scaling in from 3 to 1 pods one at a time: waiting for orders-0 partition 2 to restore".into()),
+        ..Default::default()
+    };
+    let status = status_of(&app(), Some(&steady(3)), &findings, now());
+    assert_eq!(status.phase.as_deref(), Some("Progressing"));
+    let progressing = cond(&status, "Progressing");
+    assert_eq!(
+        (progressing.status.as_str(), progressing.reason.as_str()),
+        ("True", "ScalingIn")
+    );
+    assert!(
+        progressing
+            .message
+            .ends_with("orders-0 partition 2 to restore")
+    );
+    assert_eq!(cond(&status, "Degraded").status, "False");
+}

@@ -1,0 +1,216 @@
+//! Scale-in one pod at a time, each step once the remaining pods hold the state.
+//!
+//! A partition that leaves a pod is restored from its changelog by the pod that takes it over
+//! (there are no standby replicas yet). Going from 6 pods to 2 in one step makes four pods'
+//! partitions restore at once on two pods, with nothing processed meanwhile; an autoscaler
+//! that scales in and out again turns that into a restore storm. So the operator lowers the
+//! StatefulSet's replicas by one, and takes the next step only when the agents of the pods that
+//! remain report every input partition held (opened and restored, or processing) and none still
+//! restoring. Scaling out, scaling to zero (stopping, a reset) and the first creation are not
+//! stepped: nothing restores on the pods that remain.
+//!
+//! What the agents report is all this looks at. A remaining pod whose processor is down cannot
+//! take anything over, so waiting for it would hold the scale-in for good: the step is taken,
+//! and the pod's own problem shows in the conditions. Pods without a report (the agent is
+//! disabled, or has not written yet) are not waited for.
+
+use streamapp_api::crd::PodStateStatus;
+
+/// Task states of a store that is not usable yet.
+const NOT_YET_HELD: [&str; 2] = ["Opening", "Restoring"];
+
+/// What the next scale step is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScaleStep {
+    /// Replicas to give the StatefulSet now.
+    pub replicas: i32,
+    /// While a scale-in waits: what it waits for (the Progressing condition's message).
+    pub waiting: Option<String>,
+}
+
+/// The replicas to run now, given the StatefulSet's current `live` replicas (None: it does
+/// not exist yet), the `target`, the input's partition count if known, and the agents'
+/// reports of the app's pods (`<app>-<ordinal>`).
+pub fn next_step(
+    app: &str,
+    live: Option<i32>,
+    target: i32,
+    partitions: Option<i32>,
+    reports: &[&PodStateStatus],
+) -> ScaleStep {
+    let go = |replicas| ScaleStep {
+        replicas,
+        waiting: None,
+    };
+    let Some(live) = live else {
+        return go(target);
+    };
+    if target >= live || target == 0 {
+        return go(target);
+    }
+    let remaining: Vec<&PodStateStatus> = reports
+        .iter()
+        .copied()
+        .filter(|r| ordinal(app, &r.name).is_some_and(|o| o < live))
+        .collect();
+    let restoring: Vec<String> = remaining
+        .iter()
+        .flat_map(|r| {
+            r.tasks
+                .iter()
+                .filter(|t| {
+                    t.state
+                        .as_deref()
+                        .is_some_and(|s| NOT_YET_HELD.contains(&s))
+                })
+                .map(move |t| format!("{} partition {}", r.name, t.partition))
+        })
+        .collect();
+    let wait = |why: String| ScaleStep {
+        replicas: live,
+        waiting: Some(format!(
+            "scaling in from {live} to {target} pods one at a time: {why}"
+        )),
+    };
+    if !restoring.is_empty() {
+        return wait(format!("waiting for {} to restore", restoring.join(", ")));
+    }
+    // Whether the remaining pods cover the partitions can only be told when every one of them
+    // reports and can take partitions over.
+    let all_reporting = remaining.len() == usize::try_from(live).unwrap_or(0)
+        && remaining.iter().all(|r| r.processor_up);
+    let partitions =
+        partitions.or_else(|| remaining.iter().filter_map(|r| r.input_partitions).max());
+    if let (Some(partitions), true) = (partitions, all_reporting) {
+        let mut held: Vec<i32> = remaining
+            .iter()
+            .flat_map(|r| r.tasks.iter().map(|t| t.partition))
+            .collect();
+        held.sort_unstable();
+        held.dedup();
+        let unheld: Vec<String> = (0..partitions)
+            .filter(|p| held.binary_search(p).is_err())
+            .map(|p| p.to_string())
+            .collect();
+        if !unheld.is_empty() {
+            return wait(format!(
+                "waiting for the remaining pods to take over partition(s) {}",
+                unheld.join(", ")
+            ));
+        }
+    }
+    go(live - 1)
+}
+
+/// The ordinal of pod `name` of the StatefulSet `app`.
+fn ordinal(app: &str, name: &str) -> Option<i32> {
+    name.strip_prefix(app)?.strip_prefix('-')?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use streamapp_api::crd::TaskStateStatus;
+
+    fn pod(name: &str, up: bool, tasks: &[(i32, &str)]) -> PodStateStatus {
+        PodStateStatus {
+            name: name.to_string(),
+            processor_up: up,
+            tasks: tasks
+                .iter()
+                .map(|(p, s)| TaskStateStatus {
+                    partition: *p,
+                    state: Some(s.to_string()),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn step(live: Option<i32>, target: i32, reports: &[PodStateStatus]) -> ScaleStep {
+        let refs: Vec<&PodStateStatus> = reports.iter().collect();
+        next_step("orders", live, target, Some(4), &refs)
+    }
+
+    #[test]
+    fn creating_scaling_out_and_stopping_go_straight_to_the_target() {
+        assert_eq!(step(None, 3, &[]).replicas, 3);
+        assert_eq!(step(Some(1), 4, &[]).replicas, 4);
+        assert_eq!(step(Some(4), 0, &[]).replicas, 0);
+        assert_eq!(step(Some(2), 2, &[]).waiting, None);
+    }
+
+    #[test]
+    fn scale_in_takes_one_step_when_the_remaining_pods_hold_every_partition() {
+        let reports = [
+            pod("orders-0", true, &[(0, "Active"), (1, "Active")]),
+            pod("orders-1", true, &[(2, "Active"), (3, "Restored")]),
+            pod("orders-2", true, &[]),
+        ];
+        assert_eq!(
+            step(Some(3), 1, &reports),
+            ScaleStep {
+                replicas: 2,
+                waiting: None
+            }
+        );
+    }
+
+    #[test]
+    fn scale_in_waits_while_a_remaining_pod_restores() {
+        let reports = [
+            pod("orders-0", true, &[(0, "Active"), (1, "Restoring")]),
+            pod("orders-1", true, &[(2, "Active"), (3, "Active")]),
+        ];
+        let s = step(Some(2), 1, &reports);
+        assert_eq!(s.replicas, 2);
+        assert_eq!(
+            s.waiting.as_deref(),
+            Some(
+                "scaling in from 2 to 1 pods one at a time: waiting for orders-0 partition 1 to restore"
+            )
+        );
+    }
+
+    #[test]
+    fn scale_in_waits_until_the_partitions_of_the_pod_that_went_are_taken_over() {
+        // orders-2 went in the previous step; its partitions 2 and 3 are not owned yet.
+        let reports = [
+            pod("orders-0", true, &[(0, "Active")]),
+            pod("orders-1", true, &[(1, "Active")]),
+            pod("orders-2", true, &[(2, "Active"), (3, "Active")]),
+        ];
+        let s = step(Some(2), 1, &reports);
+        assert_eq!(s.replicas, 2);
+        assert!(
+            s.waiting.unwrap().ends_with("take over partition(s) 2, 3"),
+            "a report of a pod beyond the live replicas does not count"
+        );
+    }
+
+    #[test]
+    fn a_remaining_pod_that_is_down_or_unreported_does_not_hold_the_scale_in_for_good() {
+        let down = [
+            pod("orders-0", true, &[(0, "Active")]),
+            pod("orders-1", false, &[]),
+        ];
+        assert_eq!(step(Some(2), 1, &down).replicas, 1);
+        let unreported = [pod("orders-0", true, &[(0, "Active")])];
+        assert_eq!(step(Some(2), 1, &unreported).replicas, 1);
+        assert_eq!(step(Some(3), 1, &[]).replicas, 2, "no reports at all");
+    }
+
+    #[test]
+    fn reports_of_other_apps_with_a_common_prefix_are_ignored() {
+        let reports = [
+            pod(
+                "orders-0",
+                true,
+                &[(0, "Active"), (1, "Active"), (2, "Active"), (3, "Active")],
+            ),
+            pod("orders-eu-0", true, &[(0, "Restoring")]),
+        ];
+        assert_eq!(step(Some(2), 1, &reports).replicas, 1);
+    }
+}
