@@ -457,10 +457,10 @@ async fn kubectl_scale_moves_partitions_steps_in_one_pod_at_a_time_keeps_exactly
                     replicas.push(r);
                 }
                 let status = apps.get(APP).await.unwrap().status.unwrap_or_default();
-                if let Some((_, reason, _)) = condition(&status, "Progressing") {
-                    if reasons.last().map(String::as_str) != Some(reason) {
-                        reasons.push(reason.to_string());
-                    }
+                if let Some((_, reason, _)) = condition(&status, "Progressing")
+                    && reasons.last().map(String::as_str) != Some(reason)
+                {
+                    reasons.push(reason.to_string());
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

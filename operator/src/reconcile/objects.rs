@@ -267,7 +267,7 @@ pub(super) async fn prune_pod_reports(ctx: &Context, app: &StreamApp, pods: &[Po
         return Ok(());
     }
     // Highest index first, so the earlier indices stay valid.
-    stale.sort_by(|a, b| b.0.cmp(&a.0));
+    stale.sort_by_key(|s| std::cmp::Reverse(s.0));
     let ops: Vec<serde_json::Value> = stale
         .iter()
         .flat_map(|(i, name)| {

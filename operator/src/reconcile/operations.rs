@@ -22,11 +22,16 @@ use crate::processor_config::application_id;
 use crate::reset;
 use crate::status::KafkaFinding;
 
+/// A StreamApp in the operator's per-app tables: (namespace, name).
+type AppKey = (String, String);
+
+/// Since when the rate is measured, the committed records then, and the last rate (records/s).
+type RateSample = (Instant, i64, Option<f64>);
+
 /// The rate the consumer group made progress at, per StreamApp: the lag's estimate in seconds.
 #[derive(Default)]
 pub struct ProgressRates {
-    /// (first sample, committed records then), and the last rate (records/s).
-    samples: std::sync::Mutex<BTreeMap<(String, String), (Instant, i64, Option<f64>)>>,
+    samples: std::sync::Mutex<BTreeMap<AppKey, RateSample>>,
 }
 
 /// Rates are measured over at least this long.
@@ -59,10 +64,11 @@ impl ProgressRates {
 /// every reconcile for a request timeout).
 #[derive(Default)]
 pub struct KafkaViews {
-    last: std::sync::Mutex<
-        BTreeMap<(String, String), (Instant, std::result::Result<Observation, String>)>,
-    >,
+    last: std::sync::Mutex<BTreeMap<AppKey, View>>,
 }
+
+/// When a look was taken, and what it saw (or why it failed).
+type View = (Instant, std::result::Result<Observation, String>);
 
 /// How old a look may be: a successful one, a failed one, and either while a reset or a cleanup
 /// waits on what it sees.
