@@ -1,0 +1,341 @@
+//! `kubectl streamapp status`: app -> conditions, pods -> tasks, as text (a tree) or as data.
+//!
+//! Everything comes from the StreamApp's status: the operator's aggregate and conditions, and
+//! each pod's entry written by its agent. `now` is a parameter so the output of fixed
+//! statuses is fixed (the golden tests).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use streamapp_api::crd::{PodStateStatus, StreamApp, TaskStateStatus};
+
+/// Whether to colour the text (only on a terminal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Colour {
+    Never,
+    Ansi,
+}
+
+/// The tree of every app in `apps`, one after the other.
+pub fn tree(apps: &[StreamApp], now: Timestamp, colour: Colour) -> String {
+    let mut out = String::new();
+    for (i, app) in apps.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        app_tree(&mut out, app, now, colour);
+    }
+    out
+}
+
+/// The apps as data for `-o json|yaml`: name, namespace, desired replicas and the status.
+pub fn data(apps: &[StreamApp]) -> serde_json::Value {
+    serde_json::Value::Array(
+        apps.iter()
+            .map(|a| {
+                serde_json::json!({
+                    "namespace": a.namespace(),
+                    "name": a.name_any(),
+                    "replicas": a.spec.replicas,
+                    "paused": streamapp_api::annotations::is_true(
+                        a.annotations(), streamapp_api::annotations::PAUSED),
+                    "status": a.status,
+                })
+            })
+            .collect(),
+    )
+}
+
+fn paint(colour: Colour, code: &str, text: &str) -> String {
+    match colour {
+        Colour::Never => text.to_string(),
+        Colour::Ansi => format!("\x1b[{code}m{text}\x1b[0m"),
+    }
+}
+
+/// Green for what is fine, yellow for what is under way, red for what is wrong.
+fn word(colour: Colour, text: &str) -> String {
+    let code = match text {
+        "Running" | "Healthy" | "Active" | "ready" => "32",
+        "Progressing" | "Pending" | "Restoring" | "Opening" | "Restored" | "Unknown"
+        | "Draining" | "Starting" => "33",
+        "Degraded" | "Failed" | "Down" | "BackingOff" | "not ready" => "31",
+        _ => return text.to_string(),
+    };
+    paint(colour, code, text)
+}
+
+fn app_tree(out: &mut String, app: &StreamApp, now: Timestamp, colour: Colour) {
+    let status = app.status.clone().unwrap_or_default();
+    let ns = app.namespace().unwrap_or_default();
+    let mut head = format!(
+        "{}  {}",
+        paint(colour, "1", &format!("{ns}/{}", app.name_any())),
+        word(colour, status.phase.as_deref().unwrap_or("Unknown")),
+    );
+    head += &format!(
+        "  {} ready",
+        status
+            .ready
+            .clone()
+            .unwrap_or_else(|| format!("?/{}", app.spec.replicas))
+    );
+    if let Some(state) = &status.state_health {
+        head += &format!("  state {}", word(colour, state));
+    }
+    if let Some(lag) = status.lag {
+        head += &format!("  lag {lag}");
+        if let Some(secs) = status.lag_seconds.filter(|_| lag > 0) {
+            head += &format!(" (~{})", duration(secs));
+        }
+    }
+    out.push_str(&head);
+    out.push('\n');
+
+    let mut facts = Vec::new();
+    if let Some(group) = &status.consumer_group {
+        facts.push(format!("group {group}"));
+    }
+    if let Some(p) = status.input_partitions {
+        facts.push(format!(
+            "input {} ({p} partitions)",
+            app.spec.topology.input_topic
+        ));
+    }
+    if let Some(lag) = status.worst_restore_lag {
+        facts.push(format!("worst restore lag {lag}"));
+    }
+    if let Some(t) = &status.oldest_checkpoint {
+        facts.push(format!("oldest checkpoint {} ago", since(t.0, now)));
+    }
+    if streamapp_api::annotations::is_true(app.annotations(), streamapp_api::annotations::PAUSED) {
+        facts.push(paint(colour, "33", "PAUSED"));
+    }
+    let mut children: Vec<Vec<String>> = Vec::new();
+    if !facts.is_empty() {
+        children.push(vec![facts.join("  ")]);
+    }
+    if app.status.is_none() {
+        children.push(vec![
+            "no status yet: is the operator running? (it writes the status within seconds of a change)"
+                .to_string(),
+        ]);
+    }
+    if let Some(reset) = &status.reset {
+        let mut line = format!("reset to {}: {}", reset.request, word(colour, &reset.phase));
+        if let Some(m) = &reset.message {
+            line += &format!(" ({m})");
+        }
+        children.push(vec![line]);
+    }
+    if !status.conditions.is_empty() {
+        children.push(conditions(&status.conditions, colour));
+    }
+    for pod in &status.pods {
+        children.push(pod_lines(pod, now, colour));
+    }
+    push_children(out, "", &children);
+}
+
+fn conditions(conditions: &[Condition], colour: Colour) -> Vec<String> {
+    let width = conditions.iter().map(|c| c.type_.len()).max().unwrap_or(0);
+    let mut lines = vec!["conditions".to_string()];
+    for c in conditions {
+        let mut line = format!(
+            "{:width$}  {:5}  {}",
+            c.type_,
+            c.status,
+            c.reason,
+            width = width
+        );
+        if !c.message.is_empty() {
+            line += &format!(": {}", c.message);
+        }
+        let bad = (c.type_ == "Degraded" && c.status == "True")
+            || (c.type_ != "Degraded"
+                && c.type_ != "ReplicasCapped"
+                && c.type_ != "ReconciliationPaused"
+                && c.type_ != "Progressing"
+                && c.status == "False");
+        lines.push(if bad {
+            paint(colour, "31", &line)
+        } else {
+            line
+        });
+    }
+    lines
+}
+
+fn pod_lines(pod: &PodStateStatus, now: Timestamp, colour: Colour) -> Vec<String> {
+    let mut head = format!(
+        "pod {}  {}  {}",
+        pod.name,
+        word(colour, pod.phase.as_deref().unwrap_or("Unknown")),
+        word(colour, if pod.ready { "ready" } else { "not ready" }),
+    );
+    match pod.last_shutdown_clean {
+        Some(true) => {
+            head += "  last shutdown clean";
+            if let Some(ms) = pod.drain_duration_ms {
+                head += &format!(" (drain {ms} ms)");
+            }
+        }
+        Some(false) => head += &format!("  {}", paint(colour, "33", "last shutdown unclean")),
+        None => {}
+    }
+    if let Some(free) = pod.free_disk_bytes {
+        head += &format!("  free {}", bytes(free));
+    }
+    if pod.quarantines > 0 {
+        head += &format!(
+            "  {}",
+            paint(colour, "31", &format!("quarantines {}", pod.quarantines))
+        );
+    }
+    if pod.dead_letters > 0 {
+        head += &format!("  dead letters {}", pod.dead_letters);
+    }
+    if let Some(at) = pod
+        .reported_at
+        .as_deref()
+        .and_then(|t| t.parse::<Timestamp>().ok())
+    {
+        head += &format!("  reported {} ago", since(at, now));
+    }
+    let mut lines = vec![head];
+    if let Some(m) = &pod.message {
+        lines.push(paint(colour, "33", m));
+    }
+    if pod.tasks.is_empty() && pod.processor_up {
+        lines.push("no partitions".to_string());
+    }
+    lines.extend(pod.tasks.iter().map(|t| task_line(t, colour)));
+    lines
+}
+
+fn task_line(t: &TaskStateStatus, colour: Colour) -> String {
+    let state = t.state.as_deref().unwrap_or("Unknown");
+    let mut line = format!("partition {:<3} {}", t.partition, word(colour, state));
+    if let Some(r) = &t.restore {
+        line += &format!("  {}", progress(r.restored, r.total));
+        if let Some(rate) = r.rate {
+            line += &format!("  {rate}/s");
+        }
+        if let Some(eta) = r.eta_seconds {
+            line += &format!("  ETA {}", duration(eta));
+        }
+    }
+    if let Some(why) = &t.backoff {
+        line += &format!("  {}", paint(colour, "31", why));
+    }
+    if let Some(o) = t.committed_offset {
+        line += &format!("  offset {o}");
+    }
+    if let Some(lag) = t.restore_lag {
+        line += &format!("  changelog lag {lag}");
+    }
+    if let Some(opened) = &t.opened {
+        line += &format!("  opened {opened}");
+    }
+    if let Some(age) = t.checkpoint_age_seconds {
+        line += &format!("  checkpoint age {}", duration(age));
+    }
+    line += &format!(
+        "  WAL {} file{} {}",
+        t.wal_files,
+        if t.wal_files == 1 { "" } else { "s" },
+        bytes(t.wal_bytes)
+    );
+    if t.quarantines > 0 {
+        let mut q = format!("quarantines {}", t.quarantines);
+        if let Some(reason) = &t.last_quarantine_reason {
+            q += &format!(" (last: {reason})");
+        }
+        line += &format!("  {}", paint(colour, "31", &q));
+    }
+    line
+}
+
+/// `[######----] 60% 600/1000`
+pub fn progress(done: i64, total: i64) -> String {
+    const WIDTH: i64 = 20;
+    let fraction = if total > 0 {
+        (done.clamp(0, total) * 100) / total
+    } else {
+        100
+    };
+    let filled = (fraction * WIDTH / 100) as usize;
+    format!(
+        "[{}{}] {fraction:>3}% {done}/{total}",
+        "#".repeat(filled),
+        "-".repeat(WIDTH as usize - filled)
+    )
+}
+
+/// `1h2m`, `3m20s`, `45s`.
+pub fn duration(secs: i64) -> String {
+    let s = secs.max(0);
+    match (s / 3600, (s % 3600) / 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, m, _) => format!("{h}h{m}m"),
+    }
+}
+
+fn since(t: Timestamp, now: Timestamp) -> String {
+    duration(now.as_second() - t.as_second())
+}
+
+/// `512 B`, `1.2 KiB`, `3.4 GiB`.
+pub fn bytes(n: i64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n.max(0) as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < units.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[unit])
+    }
+}
+
+/// Draws `children` under a node with box-drawing branches; each child is its first line and
+/// the lines under it.
+fn push_children(out: &mut String, indent: &str, children: &[Vec<String>]) {
+    for (i, child) in children.iter().enumerate() {
+        let last = i + 1 == children.len();
+        let (branch, rest) = if last {
+            ("└─ ", "   ")
+        } else {
+            ("├─ ", "│  ")
+        };
+        let Some((first, below)) = child.split_first() else {
+            continue;
+        };
+        out.push_str(&format!("{indent}{branch}{first}\n"));
+        let inner = format!("{indent}{rest}");
+        let grandchildren: Vec<Vec<String>> = below.iter().map(|l| vec![l.clone()]).collect();
+        push_children(out, &inner, &grandchildren);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_bars_durations_and_sizes() {
+        assert_eq!(progress(0, 1000), "[--------------------]   0% 0/1000");
+        assert_eq!(progress(600, 1000), "[############--------]  60% 600/1000");
+        assert_eq!(progress(5, 0), "[####################] 100% 5/0");
+        assert_eq!(duration(45), "45s");
+        assert_eq!(duration(200), "3m20s");
+        assert_eq!(duration(3720), "1h2m");
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(3 * 1024 * 1024 * 1024), "3.0 GiB");
+    }
+}
