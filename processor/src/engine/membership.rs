@@ -148,8 +148,12 @@ impl Engine {
         }
     }
 
-    /// Sets the consumer's local assignment to the active tasks, each at its position; paused
-    /// while transient produce failures back off.
+    /// Sets the consumer's local assignment to the active tasks, each at its position, and
+    /// sets each one's pause flag: paused while transient produce failures back off, resumed
+    /// otherwise. librdkafka keeps a partition's pause flag across assignments, even across a
+    /// revoke and a new assignment of the same partition, so a partition paused before a
+    /// rebalance and active again only after the pause ended would stay paused for good unless
+    /// every assignment says which it is.
     pub(super) fn reassign(&mut self, consumer: &GroupConsumer) {
         let mut tpl = TopicPartitionList::new();
         for task in self.tasks.values().filter(|t| t.active()) {
@@ -161,24 +165,17 @@ impl Engine {
             self.pending_error = Some(EngineError::Fatal(format!("assigning partitions: {e}")));
             return;
         }
-        if self.paused_until.is_some()
-            && let Err(e) = consumer.pause(&tpl)
-        {
-            warn!(error = %e, "could not pause consumption");
+        if tpl.count() == 0 {
+            return;
         }
-    }
-
-    /// Ends a pause: an assignment keeps librdkafka's pause flag of a partition, so the
-    /// partitions are resumed explicitly, then assigned at their positions.
-    pub(super) fn resume(&mut self, consumer: &GroupConsumer) {
-        let mut tpl = TopicPartitionList::new();
-        for task in self.tasks.values().filter(|t| t.active()) {
-            tpl.add_partition(&self.cfg.input_topic, task.partition);
+        let flagged = if self.paused_until.is_some() {
+            consumer.pause(&tpl)
+        } else {
+            consumer.resume(&tpl)
+        };
+        if let Err(e) = flagged {
+            warn!(error = %e, paused = self.paused_until.is_some(), "could not set the partitions' pause flag");
         }
-        if let Err(e) = consumer.resume(&tpl) {
-            warn!(error = %e, "could not resume consumption");
-        }
-        self.reassign(consumer);
     }
 
     /// Moves an active task back to its committed position after an abort.

@@ -277,8 +277,9 @@ impl Engine {
             self.commit(consumer)?;
         }
         if self.paused_until.is_some_and(|t| Instant::now() >= t) {
+            // The pause ends: the active partitions are assigned again, resumed.
             self.paused_until = None;
-            self.resume(consumer);
+            self.reassign(consumer);
         }
         if std::mem::take(&mut self.reassign_needed) {
             self.reassign(consumer);
