@@ -262,7 +262,11 @@ impl Restorer {
                     partition,
                     visible_end = store.meta().changelog_offset,
                     end,
-                    "waiting for an open transaction of a previous owner to end on the changelog"
+                    "waiting for an open transaction of a previous owner to end on the changelog \
+                     (the coordinator aborts it after transaction.timeout.ms; if this goes on \
+                     for minutes, the transaction hangs, which a broker crash can cause: find it \
+                     with kafka-transactions.sh find-hanging and end it with kafka-transactions.sh \
+                     abort --topic <changelog> --partition <partition> --start-offset <visible_end>)"
                 );
                 self.waiting_since = Some(Instant::now());
             }

@@ -258,6 +258,16 @@ pub fn topic_exists(topic: &str) -> bool {
 /// `$STREAMAPP_RUN/kafka/kafka.pid`, and that process must live in the network namespace this
 /// test runs in (tests run inside it, `dev/net.sh exec`), or this panics without touching it.
 pub fn kill_and_restart_broker() {
+    restart_broker("KILL");
+}
+
+/// Stops the local broker with SIGTERM (a clean shutdown: it finishes its writes and closes
+/// its logs), then starts it again as [`kill_and_restart_broker`] does.
+pub fn restart_broker_cleanly() {
+    restart_broker("TERM");
+}
+
+fn restart_broker(signal: &str) {
     let run = crate::run_dir();
     let pidfile = run.join("kafka/kafka.pid");
     let pid: u32 = std::fs::read_to_string(&pidfile)
@@ -278,10 +288,10 @@ pub fn kill_and_restart_broker() {
          refusing to kill it; run the tests with `dev/net.sh exec`"
     );
     let killed = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
+        .args([&format!("-{signal}"), &pid.to_string()])
         .status()
         .expect("running kill");
-    assert!(killed.success(), "kill -9 {pid} failed");
+    assert!(killed.success(), "kill -{signal} {pid} failed");
     while std::path::Path::new(&format!("/proc/{pid}")).exists() {
         std::thread::sleep(Duration::from_millis(100));
     }
