@@ -106,13 +106,9 @@ where
     }
 }
 
-/// Runs the real `kubectl` against the local control plane (admin kubeconfig), with `stdin`
-/// as its input. kubectl is taken from the dev scripts' cache (`$STREAMAPP_CACHE/kube-*/bin`),
-/// else from PATH.
-pub fn kubectl(args: &[&str], stdin: Option<&str>) -> std::process::Output {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-
+/// The `kubectl` the dev scripts installed (`$STREAMAPP_CACHE/kube-*/bin/kubectl`), else the
+/// one on PATH.
+pub fn kubectl_program() -> PathBuf {
     let cache = crate::run_dir()
         .parent()
         .map(PathBuf::from)
@@ -129,7 +125,16 @@ pub fn kubectl(args: &[&str], stdin: Option<&str>) -> std::process::Output {
                 .is_some_and(|n| n.to_string_lossy().starts_with("kube-"))
                 && p.exists()
         });
-    let program = from_cache.unwrap_or_else(|| PathBuf::from("kubectl"));
+    from_cache.unwrap_or_else(|| PathBuf::from("kubectl"))
+}
+
+/// Runs the real `kubectl` against the local control plane (admin kubeconfig), with `stdin`
+/// as its input (see [`kubectl_program`]).
+pub fn kubectl(args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    let program = kubectl_program();
     let mut child = Command::new(&program)
         .arg("--kubeconfig")
         .arg(kubeconfig_path())
