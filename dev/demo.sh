@@ -89,14 +89,19 @@ up() {
   step "Per-pod state health (kubectl get streamapp $app -n $app_ns -o yaml, status.pods)"
   kubectl -n "$app_ns" get streamapp "$app" -o jsonpath='{range .status.pods[*]}{.name}: phase={.phase} ready={.ready} lastShutdownClean={.lastShutdownClean} tasks={range .tasks[*]}[p{.partition} committed={.committedOffset} lag={.restoreLag} opened={.opened}]{end}{"\n"}{end}'
 
+  step "kubectl streamapp status $app -n $app_ns (the plugin, found by kubectl on PATH)"
+  PATH="$bin:$PATH" kubectl streamapp status "$app" -n "$app_ns"
+
   cat <<EOF
 
 The demo keeps running. Try:
-  export KUBECONFIG=$KUBECONFIG_PATH PATH=$KUBE_BIN:$TOOLS_BIN:\$PATH
+  export KUBECONFIG=$KUBECONFIG_PATH PATH=$bin:$KUBE_BIN:$TOOLS_BIN:\$PATH
   kubectl get streamapps -A -w
+  kubectl streamapp status $app -n $app_ns --watch
   kubectl scale streamapp $app -n $app_ns --replicas 3
   kubectl -n $app_ns delete pod $app-0          (the kubelet runs the preStop drain)
-  kubectl -n $app_ns exec $app-0 -c processor -- streamapp-processor inspect /var/lib/streamapp/state
+  kubectl streamapp inspect $app-0 -n $app_ns
+  kubectl streamapp drain $app-1 -n $app_ns    (the preStop drain, then the pod comes back)
   kubectl -n $app_ns logs $app-0 -c processor
 Stop it all with: make demo-down
 EOF

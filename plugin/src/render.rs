@@ -131,7 +131,10 @@ fn app_tree(out: &mut String, app: &StreamApp, now: Timestamp, colour: Colour) {
     if !status.conditions.is_empty() {
         children.push(conditions(&status.conditions, colour));
     }
-    for pod in &status.pods {
+    // By ordinal (`x-2` before `x-10`), whatever order the agents' entries were written in.
+    let mut pods: Vec<&PodStateStatus> = status.pods.iter().collect();
+    pods.sort_by_key(|p| (p.name.len(), p.name.clone()));
+    for pod in pods {
         children.push(pod_lines(pod, now, colour));
     }
     push_children(out, "", &children);
