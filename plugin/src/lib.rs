@@ -6,5 +6,6 @@
 //! next, [`errors`] turns API errors into sentences. `main.rs` talks to the API server.
 
 pub mod actions;
+pub mod completion;
 pub mod errors;
 pub mod render;

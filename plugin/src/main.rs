@@ -94,10 +94,17 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
-    /// Prints a shell completion script, e.g. `kubectl streamapp completion bash >
-    /// /etc/bash_completion.d/kubectl-streamapp` (kubectl 1.26+ completes plugins through a
-    /// `kubectl_complete-streamapp` executable; see the README).
+    /// Prints a shell completion script for the `kubectl-streamapp` command itself, e.g.
+    /// `kubectl-streamapp completion bash > /etc/bash_completion.d/kubectl-streamapp`.
+    /// `kubectl streamapp <TAB>` completes through the `kubectl_complete-streamapp` script
+    /// shipped next to the binary (kubectl 1.26+).
     Completion { shell: clap_complete::Shell },
+    /// What kubectl's plugin completion asks (see completion.rs).
+    #[command(name = "__complete", hide = true)]
+    Complete {
+        #[arg(allow_hyphen_values = true, trailing_var_arg = true)]
+        words: Vec<String>,
+    },
 }
 
 #[tokio::main]
@@ -121,6 +128,11 @@ async fn run(cli: Cli) -> Result<()> {
             "kubectl-streamapp",
             &mut std::io::stdout(),
         );
+        return Ok(());
+    }
+    if let Command::Complete { words } = &cli.command {
+        // clap takes a `-n` before the words as the global option.
+        complete(words, cli.namespace.clone()).await;
         return Ok(());
     }
     let client = Client::try_default().await.map_err(|e| {
@@ -167,7 +179,9 @@ async fn run(cli: Cli) -> Result<()> {
             }
             change(&client, &ns, &name, actions::reset(&ns, &name, &to)).await
         }
-        Command::Completion { .. } => unreachable!("handled before connecting"),
+        Command::Completion { .. } | Command::Complete { .. } => {
+            unreachable!("handled before connecting")
+        }
     }
 }
 
@@ -349,4 +363,31 @@ async fn inspect(client: &Client, ns: &str, pod: &str) -> Result<()> {
         bail!("kubectl exec into {ns}/{pod} failed ({status})");
     }
     Ok(())
+}
+
+/// Answers kubectl's completion request; a cluster that does not answer means no names.
+async fn complete(words: &[String], global_namespace: Option<String>) {
+    use kubectl_streamapp::completion::{Needs, answer, parse};
+    let (namespace, needs, _) = parse(words);
+    let namespace = namespace.or(global_namespace);
+    let mut names = Vec::new();
+    if matches!(needs, Needs::Apps | Needs::Pods)
+        && let Ok(client) = Client::try_default().await
+    {
+        let ns = namespace.unwrap_or_else(|| client.default_namespace().to_string());
+        names = match needs {
+            Needs::Apps => Api::<StreamApp>::namespaced(client, &ns)
+                .list_metadata(&ListParams::default())
+                .await
+                .map(|l| l.items.iter().map(|a| a.name_any()).collect())
+                .unwrap_or_default(),
+            Needs::Pods => Api::<Pod>::namespaced(client, &ns)
+                .list_metadata(&ListParams::default().labels("streamapp.dev/app"))
+                .await
+                .map(|l| l.items.iter().map(|p| p.name_any()).collect())
+                .unwrap_or_default(),
+            Needs::Command | Needs::Nothing => Vec::new(),
+        };
+    }
+    print!("{}", answer(words, &names));
 }

@@ -287,3 +287,40 @@ async fn errors_say_what_is_missing_or_not_allowed() {
     );
     ns.delete().await;
 }
+
+#[tokio::test]
+async fn kubectl_completion_offers_subcommands_and_the_namespaces_apps() {
+    let (client, ns) = setup("plugin-complete").await;
+    create_app(&client, &ns.name, "orders", None).await;
+    create_app(&client, &ns.name, "billing", None).await;
+    // What kubectl runs for `kubectl streamapp -n NS pause o<TAB>`: the shipped script, which
+    // runs the binary found on PATH.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/kubectl_complete-streamapp");
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_kubectl-streamapp"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let complete = |words: &[&str]| {
+        let out = Command::new(script)
+            .args(words)
+            .env("KUBECONFIG", testbed::kube::kubeconfig_path())
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    bin_dir.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .output()
+            .expect("running kubectl_complete-streamapp");
+        stdout(&out)
+    };
+    assert_eq!(complete(&["res"]), "resume\nrestart\nreset\n:4\n");
+    assert_eq!(complete(&["-n", &ns.name, "pause", "o"]), "orders\n:4\n");
+    assert_eq!(
+        complete(&["status", "-n", &ns.name, ""]),
+        "billing\norders\n:4\n"
+    );
+    ns.delete().await;
+}
