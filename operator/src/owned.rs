@@ -74,6 +74,12 @@ pub fn selector_labels(app: &StreamApp) -> BTreeMap<String, String> {
     BTreeMap::from([(APP_LABEL.to_string(), app.name_any())])
 }
 
+/// The ordinal of the StatefulSet pod `pod` of the StreamApp named `app` (`<app>-<ordinal>`),
+/// or `None` for a name of another shape.
+pub fn pod_ordinal(app: &str, pod: &str) -> Option<i32> {
+    pod.strip_prefix(app)?.strip_prefix('-')?.parse().ok()
+}
+
 /// [`selector_labels`] as a label selector string (`status.selector`, for the scale
 /// subresource and `kubectl get pods -l`).
 pub fn selector_string(app: &StreamApp) -> String {

@@ -16,6 +16,8 @@
 
 use streamapp_api::crd::PodStateStatus;
 
+use crate::owned::pod_ordinal;
+
 /// Task states of a store that is not usable yet.
 const NOT_YET_HELD: [&str; 2] = ["Opening", "Restoring"];
 
@@ -51,7 +53,7 @@ pub fn next_step(
     let remaining: Vec<&PodStateStatus> = reports
         .iter()
         .copied()
-        .filter(|r| ordinal(app, &r.name).is_some_and(|o| o < live))
+        .filter(|r| pod_ordinal(app, &r.name).is_some_and(|o| o < live))
         .collect();
     let restoring: Vec<String> = remaining
         .iter()
@@ -100,11 +102,6 @@ pub fn next_step(
         }
     }
     go(live - 1)
-}
-
-/// The ordinal of pod `name` of the StatefulSet `app`.
-fn ordinal(app: &str, name: &str) -> Option<i32> {
-    name.strip_prefix(app)?.strip_prefix('-')?.parse().ok()
 }
 
 #[cfg(test)]

@@ -531,7 +531,7 @@ fn oldest_checkpoint(reports: &[&PodStateStatus]) -> Option<Time> {
 /// that no longer exist (scaled away; their agents wrote a last report and are gone). The
 /// entry of a pod that still runs, even one shutting down, stays.
 pub fn stale_pod_reports(app: &StreamApp, existing_pods: &[String]) -> Vec<(usize, String)> {
-    let prefix = format!("{}-", app.name_any());
+    let name = app.name_any();
     let Some(status) = &app.status else {
         return Vec::new();
     };
@@ -541,9 +541,7 @@ pub fn stale_pod_reports(app: &StreamApp, existing_pods: &[String]) -> Vec<(usiz
         .enumerate()
         .filter(|(_, p)| !existing_pods.contains(&p.name))
         .filter(|(_, p)| {
-            p.name
-                .strip_prefix(&prefix)
-                .and_then(|ordinal| ordinal.parse::<i32>().ok())
+            crate::owned::pod_ordinal(&name, &p.name)
                 .is_none_or(|ordinal| ordinal >= app.spec.replicas)
         })
         .map(|(i, p)| (i, p.name.clone()))
@@ -554,7 +552,7 @@ pub fn stale_pod_reports(app: &StreamApp, existing_pods: &[String]) -> Vec<(usiz
 /// Entries of scaled-away pods stay in `status.pods` (their agents own them) but no longer
 /// count.
 fn current_reports(app: &StreamApp) -> Vec<&PodStateStatus> {
-    let prefix = format!("{}-", app.name_any());
+    let name = app.name_any();
     let Some(status) = &app.status else {
         return Vec::new();
     };
@@ -562,9 +560,7 @@ fn current_reports(app: &StreamApp) -> Vec<&PodStateStatus> {
         .pods
         .iter()
         .filter(|p| {
-            p.name
-                .strip_prefix(&prefix)
-                .and_then(|ordinal| ordinal.parse::<i32>().ok())
+            crate::owned::pod_ordinal(&name, &p.name)
                 .is_some_and(|ordinal| ordinal < app.spec.replicas)
         })
         .collect()

@@ -252,9 +252,10 @@ async fn a_missing_output_topic_stops_the_processor_at_start_up_naming_the_topic
     )
     .await;
     let mut p = app.start("pod-0");
-    assert_eq!(p.wait_exit(MINUTE), Some(2), "a start-up refusal");
-    let expected = format!("topology.outputTopic: topic {} does not exist", app.output);
-    assert!(p.log_text().contains(&expected), "{}", p.log_tail());
+    p.assert_refused_at_start_up(&format!(
+        "topology.outputTopic: topic {} does not exist",
+        app.output
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -270,13 +271,7 @@ async fn fifo_compaction_is_refused_at_start_up_naming_the_field() {
     )
     .await;
     let mut p = app.start("pod-0");
-    assert_eq!(p.wait_exit(MINUTE), Some(2));
-    assert!(
-        p.log_text()
-            .contains("rocksdb.compactionStyle: Fifo deletes the oldest SST files"),
-        "{}",
-        p.log_tail()
-    );
+    p.assert_refused_at_start_up("rocksdb.compactionStyle: Fifo deletes the oldest SST files");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -292,11 +287,5 @@ async fn the_kip_848_consumer_group_protocol_is_refused_naming_the_field() {
     )
     .await;
     let mut p = app.start("pod-0");
-    assert_eq!(p.wait_exit(MINUTE), Some(2));
-    assert!(
-        p.log_text()
-            .contains("kafka.properties.group.protocol: is set by the processor"),
-        "{}",
-        p.log_tail()
-    );
+    p.assert_refused_at_start_up("kafka.properties.group.protocol: is set by the processor");
 }

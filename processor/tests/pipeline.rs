@@ -378,12 +378,8 @@ async fn invalid_configuration_is_refused_naming_the_field() {
     )
     .await;
     let mut p = app.start("pod-0");
-    assert_eq!(p.wait_exit(MINUTE), Some(2));
-    assert!(
-        p.log_text()
-            .contains("topology.retention: must be greater than topology.commitInterval"),
-        "{}",
-        p.log_text()
+    p.assert_refused_at_start_up(
+        "topology.retention: must be greater than topology.commitInterval",
     );
 }
 

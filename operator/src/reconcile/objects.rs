@@ -191,35 +191,37 @@ pub(super) async fn read_secrets(
     Ok(found)
 }
 
+/// The StreamApp's objects of kind `K` that carry its selector labels (its pods; its volume
+/// claims, made from the templates); `what` names them in the error.
+async fn list_labelled<K>(client: &Client, app: &StreamApp, what: &str) -> Result<Vec<K>>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    let ns = app.namespace().unwrap_or_default();
+    Ok(Api::<K>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default().labels(&owned::selector_string(app)))
+        .await
+        .map_err(Error::kube(format!(
+            "listing the {what} of {ns}/{}",
+            app.name_any()
+        )))?
+        .items)
+}
+
 /// The StreamApp's volume claims (state and WAL).
 pub(super) async fn list_claims(
     client: &Client,
     app: &StreamApp,
 ) -> Result<Vec<PersistentVolumeClaim>> {
-    let ns = app.namespace().unwrap_or_default();
-    Ok(
-        Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
-            .list(&ListParams::default().labels(&owned::selector_string(app)))
-            .await
-            .map_err(Error::kube(format!(
-                "listing the volume claims of {ns}/{}",
-                app.name_any()
-            )))?
-            .items,
-    )
+    list_labelled(client, app, "volume claims").await
 }
 
 /// The StreamApp's pods.
 pub(super) async fn list_pods(client: &Client, app: &StreamApp) -> Result<Vec<Pod>> {
-    let ns = app.namespace().unwrap_or_default();
-    Ok(Api::<Pod>::namespaced(client.clone(), &ns)
-        .list(&ListParams::default().labels(&owned::selector_string(app)))
-        .await
-        .map_err(Error::kube(format!(
-            "listing the pods of {ns}/{}",
-            app.name_any()
-        )))?
-        .items)
+    list_labelled(client, app, "pods").await
 }
 
 /// Applies the aggregate status (without `pods`, which the agents own) when it changed, and
@@ -305,15 +307,7 @@ pub(super) async fn prune_pod_reports(ctx: &Context, app: &StreamApp, pods: &[Po
 /// Expands the claims that are smaller than the spec (see [`crate::storage`]).
 pub(super) async fn resize_claims(ctx: &Context, app: &StreamApp, ns: &str) -> Result<StoragePlan> {
     let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
-    // Claims made from the templates carry the pod selector labels.
-    let claims = claims_api
-        .list(&ListParams::default().labels(&owned::selector_string(app)))
-        .await
-        .map_err(Error::kube(format!(
-            "listing the volume claims of {ns}/{}",
-            app.name_any()
-        )))?
-        .items;
+    let claims = list_claims(&ctx.client, app).await?;
     if claims.is_empty() {
         return Ok(StoragePlan::default());
     }

@@ -561,6 +561,20 @@ impl Processor {
         }
     }
 
+    /// Waits for a start-up refusal: exit code 2 and `expected` in the log.
+    pub fn assert_refused_at_start_up(&mut self, expected: &str) {
+        assert_eq!(
+            self.wait_exit(Duration::from_secs(60)),
+            Some(2),
+            "a start-up refusal"
+        );
+        assert!(
+            self.log_text().contains(expected),
+            "expected {expected:?} in:\n{}",
+            self.log_tail()
+        );
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
