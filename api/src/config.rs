@@ -36,6 +36,16 @@ pub struct Topology {
     /// Where the dedup id of a record is found.
     #[serde(default)]
     pub dedup_id: DedupId,
+    /// Whether records are re-keyed by their dedup id before deduplication, so that a repeat
+    /// is caught whichever input partition it arrives on. `Auto` (the default): unless the id
+    /// is the record key, a first stage writes every record keyed by its id to the internal
+    /// topic `<applicationId>-dedup-repartition`, and the dedup stage reads that topic, inside
+    /// the same transactions. `Never`: the input is trusted to be keyed by the dedup id
+    /// (every repeat on the partition of its first occurrence); records whose key is not
+    /// their id are counted (metric `streamapp_miskeyed_records_total`, the status) but not
+    /// moved, so a repeat on another partition is output again.
+    #[serde(default)]
+    pub repartition: Repartition,
     /// How long an id is remembered, by record time (Go duration, e.g. `1h`, `30m`).
     #[serde(default = "default_retention")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
@@ -121,6 +131,14 @@ impl Default for DedupId {
             json_pointer: None,
         }
     }
+}
+
+/// See [`Topology::repartition`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Repartition {
+    #[default]
+    Auto,
+    Never,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -577,6 +595,12 @@ pub struct ResolvedTopology {
 }
 
 impl Topology {
+    /// Whether records go through the repartition stage: `Auto` unless the dedup id is the
+    /// record key (then the input's own partitioning is by the id already).
+    pub fn repartitions(&self) -> bool {
+        self.repartition == Repartition::Auto && self.dedup_id.source != DedupIdSource::Key
+    }
+
     /// Checks what the schema cannot and parses durations. Errors name the field.
     pub fn resolve(&self) -> Result<ResolvedTopology, ConfigError> {
         let retention = parse_duration(&self.retention)
@@ -753,6 +777,14 @@ impl ProcessorConfig {
     pub fn changelog_topic(&self) -> String {
         format!("{}-dedup-changelog", self.application_id)
     }
+
+    /// The internal topic the first stage writes records keyed by their dedup id to, when the
+    /// topology repartitions ([`Topology::repartitions`]).
+    pub fn repartition_topic(&self) -> Option<String> {
+        self.topology
+            .repartitions()
+            .then(|| format!("{}-dedup-repartition", self.application_id))
+    }
 }
 
 #[cfg(test)]
@@ -766,6 +798,7 @@ mod tests {
             duplicates_topic: Some("dups".into()),
             dead_letter_topic: "dlq".into(),
             dedup_id: DedupId::default(),
+            repartition: Repartition::default(),
             retention: default_retention(),
             commit_interval: default_commit_interval(),
             max_value_size: default_max_value_size(),
@@ -807,6 +840,24 @@ mod tests {
         assert_eq!(r.max_skew, Duration::from_secs(300));
         assert_eq!(r.max_record_attempts, 3);
         processor_config(&[]).validate().unwrap();
+    }
+
+    #[test]
+    fn records_are_repartitioned_unless_the_id_is_the_key_or_the_user_says_never() {
+        let mut config = processor_config(&[]);
+        assert_eq!(config.topology.dedup_id.source, DedupIdSource::Key);
+        assert_eq!(config.repartition_topic(), None, "keyed by the id already");
+        config.topology.dedup_id = DedupId {
+            source: DedupIdSource::JsonPointer,
+            header: None,
+            json_pointer: Some("/id".into()),
+        };
+        assert_eq!(
+            config.repartition_topic().as_deref(),
+            Some(format!("{}-dedup-repartition", config.application_id).as_str())
+        );
+        config.topology.repartition = Repartition::Never;
+        assert_eq!(config.repartition_topic(), None);
     }
 
     #[test]
