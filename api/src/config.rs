@@ -42,7 +42,7 @@ pub struct Topology {
     /// topic `<applicationId>-dedup-repartition`, and the dedup stage reads that topic, inside
     /// the same transactions. `Never`: the input is trusted to be keyed by the dedup id
     /// (every repeat on the partition of its first occurrence); records whose key is not
-    /// their id are counted (metric `streamapp_miskeyed_records_total`, the status) but not
+    /// their id are counted (metric `streamapp_processor_miskeyed_records_total`, the status) but not
     /// moved, so a repeat on another partition is output again.
     #[serde(default)]
     pub repartition: Repartition,

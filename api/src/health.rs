@@ -73,6 +73,11 @@ pub struct ProcessorHealth {
     /// The latest committed dead letter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_dead_letter: Option<DeadLetterNote>,
+    /// With `topology.repartition: Never`: records committed since the processor started
+    /// whose key is not their dedup id (the input is not keyed by the id as assumed, and a
+    /// repeat of such an id on another partition is output again).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub miskeyed_records: u64,
     /// One entry per task (input partition) this process owns.
     #[serde(default)]
     pub tasks: Vec<TaskHealth>,
@@ -287,4 +292,8 @@ pub fn list_quarantines(dir: &Path) -> Vec<QuarantinedStore> {
         .collect();
     out.sort_by_key(|q| q.at_ms);
     out
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

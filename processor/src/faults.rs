@@ -13,7 +13,10 @@
 //! - `grow-memory-after-put`: the stage allocates memory until the kernel kills the process
 //!   for exceeding its memory limit (how a real node reports an OOM kill);
 //! - `crash-after-commit`: the process aborts right after the Kafka transaction holding the
-//!   record committed, before its writes reach the store.
+//!   record committed, before its writes reach the store;
+//! - `crash-after-route`: (repartitioning only) the process aborts right after the route stage
+//!   handed the record to the producer for the repartition topic, before that transaction
+//!   commits.
 //!
 //! One fault needs no record: `crash-after-revoke` aborts the process right after a revoke
 //! suspended its stores (kill -9 while suspended).
@@ -23,6 +26,16 @@ use std::time::Duration;
 
 pub const FAULT_HEADER: &str = "streamapp.fault";
 pub const ENV: &str = "STREAMAPP_FAULTS";
+const ROUTE_CRASH: &str = "crash-after-route";
+
+/// A fault header's `<name>[:<delay ms>]`.
+fn parse_request(requested: Option<&[u8]>) -> Option<(&str, Option<Duration>)> {
+    let request = std::str::from_utf8(requested?).ok()?;
+    Some(match request.split_once(':') {
+        Some((name, ms)) => (name, ms.parse().ok().map(Duration::from_millis)),
+        None => (request, None),
+    })
+}
 
 #[derive(Debug, Default)]
 pub struct Faults {
@@ -70,14 +83,10 @@ impl Faults {
 
     /// Called by the `enrich` stage after the store put, with the record's fault header.
     pub fn after_put(&mut self, requested: Option<&[u8]>) -> Result<(), Injected> {
-        let Some(request) = requested.and_then(|r| std::str::from_utf8(r).ok()) else {
+        let Some((name, delay)) = parse_request(requested) else {
             return Ok(());
         };
-        let (name, delay) = match request.split_once(':') {
-            Some((name, ms)) => (name, ms.parse().ok().map(Duration::from_millis)),
-            None => (request, None),
-        };
-        if !self.take(name) {
+        if name == ROUTE_CRASH || !self.take(name) {
             return Ok(());
         }
         if let Some(delay) = delay {
@@ -111,6 +120,16 @@ impl Faults {
                 Ok(())
             }
             _ => Ok(()),
+        }
+    }
+
+    /// Called by the route stage after it sent the record to the repartition topic.
+    pub fn after_route(&mut self, requested: Option<&[u8]>) {
+        if parse_request(requested).is_some_and(|(name, _)| name == ROUTE_CRASH)
+            && self.take(ROUTE_CRASH)
+        {
+            tracing::warn!("fault injection: crashing after routing a record");
+            std::process::abort();
         }
     }
 

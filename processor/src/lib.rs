@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod probes;
 pub mod quarantine;
 pub mod record_attempts;
+pub mod repartition;
 pub mod restore;
 pub mod shared;
 pub mod state_dir;

@@ -12,14 +12,16 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rdkafka::config::ClientConfig;
-use streamapp_api::config::ProcessorConfig;
+use streamapp_api::config::{DedupIdSource, ProcessorConfig, Repartition};
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase};
 use streamapp_api::units::parse_duration;
 use streamapp_processor::engine::{Engine, EngineConfig, EngineError};
 use streamapp_processor::shared::{Shared, now_ms};
 use streamapp_processor::state_dir::StateDir;
 use streamapp_processor::topics::{self, WrittenTopic};
-use streamapp_processor::{changelog, checkpoint, faults::Faults, http, inspect, metrics::Metrics};
+use streamapp_processor::{
+    changelog, checkpoint, faults::Faults, http, inspect, metrics::Metrics, repartition,
+};
 use tracing::{error, info, warn};
 
 /// Exit codes: what a supervisor (and a test) can tell apart.
@@ -309,6 +311,23 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     shared.beat();
+    let repartition_topic = config.repartition_topic();
+    if let Some(topic) = &repartition_topic
+        && let Err(e) = runtime.block_on(repartition::ensure(
+            &client,
+            &config.topology.input_topic,
+            input_partitions,
+            topic,
+        ))
+    {
+        let code = if e.is_refusal() {
+            EXIT_CONFIG
+        } else {
+            EXIT_FAILED
+        };
+        return fail_start(&e, code);
+    }
+    shared.beat();
     let mut written = vec![
         WrittenTopic {
             field: "topology.outputTopic",
@@ -323,6 +342,12 @@ fn run(args: RunArgs) -> ExitCode {
         written.push(WrittenTopic {
             field: "topology.duplicatesTopic",
             topic: d.clone(),
+        });
+    }
+    if let Some(topic) = &repartition_topic {
+        written.push(WrittenTopic {
+            field: "the repartition topic",
+            topic: topic.clone(),
         });
     }
     let mut client = client;
@@ -351,6 +376,9 @@ fn run(args: RunArgs) -> ExitCode {
         duplicates_topic: config.topology.duplicates_topic.clone(),
         dead_letter_topic: config.topology.dead_letter_topic.clone(),
         changelog_topic,
+        check_keying: config.topology.repartition == Repartition::Never
+            && config.topology.dedup_id.source != DedupIdSource::Key,
+        repartition_topic,
         dedup_id: config.topology.dedup_id.clone(),
         retention: topology.retention,
         commit_interval: topology.commit_interval,
@@ -446,6 +474,7 @@ fn run_engine(
         }
         if last_ends.elapsed() > Duration::from_secs(5) {
             e.refresh_changelog_ends();
+            e.refresh_lag(&consumer);
             last_ends = Instant::now();
         }
     };

@@ -18,6 +18,11 @@ pub struct PartitionLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabel {
+    pub stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -44,6 +49,9 @@ pub struct Metrics {
     pub store_backoffs: Family<KindLabel, Counter>,
     pub tasks_backing_off: Family<KindLabel, Gauge>,
     pub transaction_timeouts: Counter,
+    pub records_repartitioned: Counter,
+    pub miskeyed_records: Counter,
+    pub stage_lag: Family<StageLabel, Gauge>,
 }
 
 impl Metrics {
@@ -67,7 +75,10 @@ impl Metrics {
             record_failures: Family::default(),
             store_backoffs: Family::default(),
             tasks_backing_off: Family::default(),
+            stage_lag: Family::default(),
             transaction_timeouts: Counter::default(),
+            records_repartitioned: Counter::default(),
+            miskeyed_records: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("streamapp_processor");
         r.register(
@@ -165,7 +176,28 @@ impl Metrics {
             "Transactions the coordinator aborted on transaction.timeout.ms (recovered by a new producer)",
             m.transaction_timeouts.clone(),
         );
+        r.register(
+            "records_repartitioned",
+            "Input records the route stage wrote to the repartition topic, keyed by their dedup id",
+            m.records_repartitioned.clone(),
+        );
+        r.register(
+            "miskeyed_records",
+            "With topology.repartition Never: records whose key is not their dedup id (committed); a repeat of such an id on another partition is not caught",
+            m.miskeyed_records.clone(),
+        );
+        r.register(
+            "stage_lag",
+            "Records not yet processed on the partitions this process owns, by stage (route: the input when repartitioning; dedup: the topic the dedup stage reads)",
+            m.stage_lag.clone(),
+        );
         m
+    }
+
+    pub fn stage(stage: &str) -> StageLabel {
+        StageLabel {
+            stage: stage.to_string(),
+        }
     }
 
     pub fn partition(p: i32) -> PartitionLabel {

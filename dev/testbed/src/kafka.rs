@@ -211,6 +211,76 @@ fn try_committed_offsets(group: &str, topic: &str) -> Result<Vec<Option<i64>>, K
         .collect())
 }
 
+/// Whether a read_committed reader starting at the offsets group `group` committed on `topic`
+/// finds no record: everything committed to the topic has been processed and committed by the
+/// group. Unlike comparing with the end offsets, this holds for topics written in transactions
+/// (whose ends are commit markers, not records). False while the group has no offsets yet for
+/// a partition that has records.
+fn group_has_read_everything(group: &str, topic: &str) -> Result<bool, KafkaError> {
+    let committed = try_committed_offsets(group, topic)?;
+    let consumer: BaseConsumer = client_config()
+        .set("group.id", crate::unique_name("testbed-probe"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("creating a consumer");
+    let mut tpl = TopicPartitionList::new();
+    for (p, c) in committed.iter().enumerate() {
+        let offset = c.map_or(Offset::Beginning, Offset::Offset);
+        tpl.add_partition_offset(topic, p as i32, offset).unwrap();
+    }
+    consumer.assign(&tpl)?;
+    let mut at_end = vec![false; committed.len()];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while at_end.iter().any(|e| !e) && std::time::Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            None => {}
+            Some(Ok(_)) => return Ok(false),
+            Some(Err(KafkaError::PartitionEOF(p))) => at_end[p as usize] = true,
+            Some(Err(e)) => return Err(e),
+        }
+    }
+    Ok(at_end.iter().all(|e| *e))
+}
+
+/// Waits until consumer group `group` has processed and committed every record committed to
+/// `topic` so far; for topics written in transactions too (see [`group_has_read_everything`]).
+/// Panics after `timeout`, with the offsets.
+pub fn wait_for_group_read_everything(group: &str, topic: &str, timeout: Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if group_has_read_everything(group, topic).unwrap_or(false) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "group {group} did not process everything committed to {topic} in {timeout:?}: committed {:?}, ends {:?}",
+            try_committed_offsets(group, topic),
+            end_offsets(topic)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The start offset (low watermark) of every partition of `topic`, in partition order: where
+/// records before it were deleted (retention, or a delete-records request).
+pub fn start_offsets(topic: &str) -> Vec<i64> {
+    let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("topic metadata");
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    (0..partitions)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("watermarks of {topic}/{p}: {e}"))
+                .0
+        })
+        .collect()
+}
+
 /// Waits until consumer group `group` has committed the end of every partition of `topic`:
 /// everything produced before the call has been processed and its results committed. For
 /// topics written without transactions (no markers at their end). Panics after `timeout`, with

@@ -11,9 +11,10 @@ use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
 
-/// The input record a produced record belongs to.
+/// The consumed record a produced record belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Origin {
+    pub stage: super::Stage,
     pub partition: i32,
     pub offset: i64,
 }

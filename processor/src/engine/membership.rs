@@ -16,7 +16,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 
-use super::{Engine, EngineConfig, EngineError, Task};
+use super::{Engine, EngineConfig, EngineError, RouteTask, Task};
 use crate::lifecycle::Event;
 
 /// Consumer callbacks: the group's assignment changes go to the engine.
@@ -36,8 +36,12 @@ impl ConsumerContext for GroupContext {
         let mut engine = self.engine.lock().unwrap();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
-                engine.on_assigned(consumer, &partitions);
+                let assigned: Vec<(String, i32)> = tpl
+                    .elements()
+                    .iter()
+                    .map(|e| (e.topic().to_string(), e.partition()))
+                    .collect();
+                engine.on_assigned(consumer, &assigned);
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let lost = consumer.assignment_lost();
@@ -81,9 +85,25 @@ pub(super) fn new_consumer(
 }
 
 impl Engine {
-    pub(super) fn on_assigned(&mut self, consumer: &GroupConsumer, partitions: &[i32]) {
-        info!(?partitions, "partitions assigned");
+    /// The group's new assignment (topic, partition): the dedup topic's partitions are the
+    /// dedup tasks, the input's (when repartitioning) the route tasks.
+    pub(super) fn on_assigned(&mut self, consumer: &GroupConsumer, assigned: &[(String, i32)]) {
+        let of = |topic: &str| -> Vec<i32> {
+            assigned
+                .iter()
+                .filter(|(t, _)| t == topic)
+                .map(|(_, p)| *p)
+                .collect()
+        };
+        let partitions = of(self.cfg.dedup_input());
+        let routes = match self.cfg.repartition_topic {
+            Some(_) => of(&self.cfg.input_topic),
+            None => Vec::new(),
+        };
+        info!(?partitions, ?routes, "partitions assigned");
         self.assigned = true;
+        self.routes = routes.iter().map(|&p| (p, RouteTask::default())).collect();
+        let partitions = partitions.as_slice();
         // Stores of revoked tasks that did not come back are closed now (with a checkpoint).
         let gone: Vec<i32> = self
             .tasks
@@ -122,6 +142,9 @@ impl Engine {
         for p in partitions {
             self.on_task_event(p, Event::Revoked);
         }
+        self.routes.clear();
+        self.route_attempts =
+            crate::record_attempts::RecordAttempts::new(self.cfg.max_record_attempts);
         self.restorer.finish();
         let _ = consumer.unassign();
         self.assigned = false;
@@ -148,7 +171,8 @@ impl Engine {
         }
     }
 
-    /// Sets the consumer's local assignment to the active tasks, each at its position, and
+    /// Sets the consumer's local assignment to the active tasks (and route tasks), each at its
+    /// position, and
     /// sets each one's pause flag: paused while transient produce failures back off, resumed
     /// otherwise. librdkafka keeps a partition's pause flag across assignments, even across a
     /// revoke and a new assignment of the same partition, so a partition paused before a
@@ -158,7 +182,12 @@ impl Engine {
         let mut tpl = TopicPartitionList::new();
         for task in self.tasks.values().filter(|t| t.active()) {
             let offset = task.position.map_or(Offset::Beginning, Offset::Offset);
-            tpl.add_partition_offset(&self.cfg.input_topic, task.partition, offset)
+            tpl.add_partition_offset(self.cfg.dedup_input(), task.partition, offset)
+                .expect("valid partition");
+        }
+        for (&p, route) in self.routes.iter().filter(|(_, r)| r.active) {
+            let offset = route.position.map_or(Offset::Beginning, Offset::Offset);
+            tpl.add_partition_offset(&self.cfg.input_topic, p, offset)
                 .expect("valid partition");
         }
         if let Err(e) = consumer.assign(&tpl) {
@@ -178,8 +207,14 @@ impl Engine {
         }
     }
 
-    /// Moves an active task back to its committed position after an abort.
+    /// Moves the active tasks (and route tasks) back to their committed positions after an
+    /// abort.
     pub(super) fn rewind(&mut self, consumer: &GroupConsumer) {
+        for route in self.routes.values_mut() {
+            if std::mem::take(&mut route.dirty) {
+                route.position = route.committed;
+            }
+        }
         for task in self.tasks.values_mut() {
             task.staged.clear();
             if task.dirty {
@@ -188,7 +223,7 @@ impl Engine {
                 if task.active() {
                     let offset = task.committed.map_or(Offset::Beginning, Offset::Offset);
                     if let Err(e) = consumer.seek(
-                        &self.cfg.input_topic,
+                        self.cfg.dedup_input(),
                         task.partition,
                         offset,
                         Duration::from_secs(10),

@@ -15,17 +15,24 @@
 //! record is ever processed against a store that is not caught up, and nothing slow happens
 //! inside a rebalance callback.
 //!
+//! With repartitioning ([`crate::repartition`]) the consumer reads two topics: the input, whose
+//! partitions are tasks of the stateless route stage ([`RouteTask`]: an id and a send, no
+//! store), and the repartition topic, whose partitions are the dedup tasks above. One
+//! transaction carries both stages' offsets and records.
+//!
 //! The work is split by concern:
 //! - [`membership`]: the rebalance callbacks;
 //! - [`tasks`]: carrying out the lifecycle's commands (open, restore, activate, back off,
 //!   quarantine, checkpoints);
-//! - [`processing`]: one input record inside the open transaction, dead letters;
+//! - [`processing`]: one record of the dedup stage inside the open transaction, dead letters;
+//! - [`routing`]: one record of the route stage (repartitioning only);
 //! - [`transaction`]: begin, commit, abort, the producer and its failures;
 //! - [`delivery`]: the producer's delivery reports.
 
 mod delivery;
 mod membership;
 mod processing;
+mod routing;
 mod tasks;
 mod transaction;
 
@@ -47,6 +54,7 @@ use crate::faults::Faults;
 use crate::lifecycle::{Event, Lifecycle, Phase};
 use crate::metrics::Metrics;
 use crate::record_attempts::RecordAttempts;
+use crate::repartition::Purger;
 use crate::restore::Restorer;
 use crate::shared::{DrainOutcome, Shared};
 use crate::store::{SharedMemory, Staged, TaskStore};
@@ -95,6 +103,12 @@ pub struct EngineConfig {
     pub duplicates_topic: Option<String>,
     pub dead_letter_topic: String,
     pub changelog_topic: String,
+    /// The internal topic of the route stage, when the topology repartitions: the dedup
+    /// tasks read it instead of the input.
+    pub repartition_topic: Option<String>,
+    /// `topology.repartition: Never` with an id that is not the key: count the records whose
+    /// key is not their id.
+    pub check_keying: bool,
     pub dedup_id: DedupId,
     pub retention: Duration,
     pub commit_interval: Duration,
@@ -109,6 +123,14 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// The topic the dedup tasks read: the repartition topic when the topology repartitions,
+    /// else the input.
+    pub fn dedup_input(&self) -> &str {
+        self.repartition_topic
+            .as_deref()
+            .unwrap_or(&self.input_topic)
+    }
+
     pub fn transactional_id(&self) -> String {
         format!("{}-{}", self.application_id, self.pod)
     }
@@ -170,11 +192,36 @@ impl Task {
     }
 }
 
+/// A task of the route stage: one input partition whose records go to the repartition topic.
+/// It has no state, so it is consumed from as soon as its committed offset is known.
+#[derive(Default)]
+struct RouteTask {
+    /// Its committed offset was fetched and the consumer reads it.
+    active: bool,
+    /// Next input offset to route.
+    position: Option<i64>,
+    /// Next input offset as of the last committed transaction.
+    committed: Option<i64>,
+    /// The open transaction routed records of this task.
+    dirty: bool,
+}
+
+/// The stage a consumed record belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The input record of a repartitioning topology: re-keyed by its id.
+    Route,
+    /// A record the dedup tasks process (the input, or the repartition topic).
+    Dedup,
+}
+
 /// The open transaction.
 struct OpenTxn {
     started: Instant,
     /// Dead letters in it, counted once it commits.
     dead_letters: Vec<DeadLetterNote>,
+    /// Records whose key is not their id (`check_keying`), counted once it commits.
+    miskeyed: u64,
 }
 
 /// The processing state of one process. Lives behind a mutex shared with the consumer's
@@ -183,11 +230,20 @@ pub struct Engine {
     cfg: EngineConfig,
     producer: BaseProducer<DeliveryTracker>,
     tasks: BTreeMap<i32, Task>,
+    /// The route stage's tasks (repartitioning only), by input partition.
+    routes: BTreeMap<i32, RouteTask>,
     txn: Option<OpenTxn>,
     /// Counts aborts: a record fetched before one is not processed (it comes again).
     aborts: u64,
     attempts: RecordAttempts,
+    /// Failed attempts of the route stage's records (their offsets are input offsets).
+    route_attempts: RecordAttempts,
     restorer: Restorer,
+    /// Deletes what the dedup stage committed from the repartition topic.
+    purger: Option<Purger>,
+    last_purge: Instant,
+    /// The offsets last handed to the purger.
+    purged: BTreeMap<i32, i64>,
     memory: SharedMemory,
     shared: Arc<Shared>,
     metrics: Metrics,
@@ -224,16 +280,28 @@ impl Engine {
         let restorer = Restorer::new(&cfg.client, &cfg.changelog_topic)
             .map_err(|e| fatal("creating the restore consumer", e))?;
         let memory = SharedMemory::new(&cfg.rocksdb);
+        let purger = match &cfg.repartition_topic {
+            Some(topic) => Some(
+                Purger::start(&cfg.client, topic)
+                    .map_err(|e| fatal("creating the repartition purger", e))?,
+            ),
+            None => None,
+        };
         metrics.input_partitions.set(cfg.input_partitions as i64);
         shared.update(true, |h| h.input_partitions = Some(cfg.input_partitions));
         let engine = Arc::new(Mutex::new(Engine {
             attempts: RecordAttempts::new(cfg.max_record_attempts),
+            route_attempts: RecordAttempts::new(cfg.max_record_attempts),
             cfg: cfg.clone(),
             producer,
             tasks: BTreeMap::new(),
+            routes: BTreeMap::new(),
             txn: None,
             aborts: 0,
             restorer,
+            purger,
+            last_purge: Instant::now(),
+            purged: BTreeMap::new(),
             memory,
             shared,
             metrics,
@@ -249,8 +317,10 @@ impl Engine {
             transient_aborts: 0,
         }));
         let consumer = membership::new_consumer(&cfg, engine.clone())?;
+        let mut topics = vec![cfg.input_topic.as_str()];
+        topics.extend(cfg.repartition_topic.as_deref());
         consumer
-            .subscribe(&[&cfg.input_topic])
+            .subscribe(&topics)
             .map_err(|e| fatal("subscribing", e))?;
         Ok((engine, consumer))
     }
@@ -266,7 +336,9 @@ impl Engine {
         self.end_backoffs();
         self.open_next();
         self.restore_step()?;
-        if self.tasks.values().any(|t| t.is(&Phase::Restored)) {
+        if self.tasks.values().any(|t| t.is(&Phase::Restored))
+            || self.routes.values().any(|r| !r.active)
+        {
             self.activate_restored(consumer)?;
         }
         if self
@@ -284,6 +356,7 @@ impl Engine {
         if std::mem::take(&mut self.reassign_needed) {
             self.reassign(consumer);
         }
+        self.purge_repartitioned();
         // Task statistics list the store's directory: refresh them on a timer, not per record.
         if self.last_publish.elapsed() >= PUBLISH_INTERVAL {
             self.publish_tasks(false);
@@ -292,6 +365,25 @@ impl Engine {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Every purge interval: hands the dedup stage's committed offsets on the repartition
+    /// topic that moved since the last time to the purger (what is before them is processed
+    /// and committed for good).
+    fn purge_repartitioned(&mut self) {
+        let Some(purger) = &self.purger else { return };
+        if self.last_purge.elapsed() < crate::repartition::PURGE_INTERVAL {
+            return;
+        }
+        self.last_purge = Instant::now();
+        let moved: BTreeMap<i32, i64> = self
+            .tasks
+            .values()
+            .filter_map(|t| Some((t.partition, t.committed?)))
+            .filter(|(p, o)| self.purged.get(p) != Some(o))
+            .collect();
+        self.purged.extend(moved.iter().map(|(&p, &o)| (p, o)));
+        purger.purge(moved);
     }
 
     // ---- drain and health ----------------------------------------------------------------
@@ -308,6 +400,7 @@ impl Engine {
         }
         // The report keeps the tasks' final offsets; closing takes them out of the engine.
         self.publish_tasks(true);
+        self.routes.clear();
         let mut failures = Vec::new();
         let partitions: Vec<i32> = self.tasks.keys().copied().collect();
         for p in partitions {
@@ -423,6 +516,37 @@ impl Engine {
                     task.at_commit_marker && store.meta().changelog_offset == Some(end - 1);
                 task.health.changelog_end_offset = Some(if caught_up { end - 1 } else { end });
             }
+        }
+    }
+
+    /// Sets the lag of each stage on the partitions this process owns (end offsets minus
+    /// positions; a broker round trip per partition: done on a slow timer by the loop).
+    pub fn refresh_lag(&mut self, consumer: &GroupConsumer) {
+        let timeout = Duration::from_secs(2);
+        let lag = |topic: &str, p: i32, position: Option<i64>| -> i64 {
+            consumer
+                .fetch_watermarks(topic, p, timeout)
+                .map_or(0, |(low, high)| (high - position.unwrap_or(low)).max(0))
+        };
+        let dedup: i64 = self
+            .tasks
+            .values()
+            .map(|t| lag(self.cfg.dedup_input(), t.partition, t.position))
+            .sum();
+        self.metrics
+            .stage_lag
+            .get_or_create(&Metrics::stage("dedup"))
+            .set(dedup);
+        if self.cfg.repartition_topic.is_some() {
+            let route: i64 = self
+                .routes
+                .iter()
+                .map(|(&p, r)| lag(&self.cfg.input_topic, p, r.position))
+                .sum();
+            self.metrics
+                .stage_lag
+                .get_or_create(&Metrics::stage("route"))
+                .set(route);
         }
     }
 

@@ -1,5 +1,6 @@
-//! One input record inside the open transaction: the dedup topology (id, time, duplicate or
-//! first occurrence, the `enrich` stage), its records to Kafka, and dead letters.
+//! One consumed record inside the open transaction: the dedup topology (id, time, duplicate or
+//! first occurrence, the `enrich` stage), its records to Kafka, and dead letters. The route
+//! stage's side is in [`super::routing`].
 //!
 //! A record that failed before is processed alone (its own transaction), and after
 //! `topology.maxRecordAttempts` failed attempts it becomes a dead letter: see
@@ -14,11 +15,12 @@ use streamapp_api::health::DeadLetterNote;
 use tracing::warn;
 
 use super::delivery::{Origin, ProduceError};
-use super::{Engine, EngineError, GroupConsumer, OpenTxn};
+use super::{Engine, EngineError, GroupConsumer, OpenTxn, Stage};
 use crate::faults::FAULT_HEADER;
 use crate::kafka_errors::{ProduceFailure, classify_produce};
 use crate::lifecycle::Event;
-use crate::record_attempts::{FailureKind, Failures, Verdict};
+use crate::record_attempts::{FailureKind, Failures, RecordAttempts, Verdict};
+use crate::repartition;
 use crate::shared::now_ms;
 use crate::store::StoreError;
 use crate::topology::{self, RecordView};
@@ -37,46 +39,58 @@ pub(super) enum RecordError {
 }
 
 impl Engine {
-    /// Processes one input record inside the open transaction.
+    /// Processes one consumed record inside the open transaction: a record of the input
+    /// topic goes to the route stage when the topology repartitions, everything else to the
+    /// dedup stage.
     pub fn process(
         &mut self,
         consumer: &GroupConsumer,
         m: &BorrowedMessage<'_>,
     ) -> Result<(), EngineError> {
+        let stage = self.stage_of(m.topic());
         let (p, offset) = (m.partition(), m.offset());
-        if !self.takes(p, offset) {
+        if !self.takes(stage, p, offset) {
             return Ok(());
         }
-        let verdict = self.attempts.verdict(p, offset);
+        let verdict = self.attempts_of(stage).verdict(p, offset);
         if verdict != Verdict::Process && self.txn.is_some() {
             // A record that failed before gets a transaction of its own: what is open now
             // commits first, so its next failure costs nothing but itself.
             let aborts = self.aborts;
             self.commit(consumer)?;
-            if self.aborts != aborts || !self.takes(p, offset) {
+            if self.aborts != aborts || !self.takes(stage, p, offset) {
                 return Ok(()); // rewound: it comes again in order
             }
         }
         if self.txn.is_none() {
             self.begin()?;
         }
-        self.metrics.records_in.inc();
-        let outcome = match &verdict {
-            Verdict::DeadLetter(failures) => self.dead_letter_failed(m, failures),
-            _ => self.process_record(p, m),
+        let record = Consumed::of(m, stage, self.cfg.repartition_topic.is_some());
+        if m.topic() == self.cfg.input_topic {
+            self.metrics.records_in.inc();
+        }
+        let outcome = match (&verdict, stage) {
+            (Verdict::DeadLetter(failures), _) => self.dead_letter_failed(&record, failures),
+            (_, Stage::Route) => self.route_record(&record),
+            (_, Stage::Dedup) => self.process_record(p, &record),
         };
-        let task = self.tasks.get_mut(&p).expect("task exists");
-        task.position = Some(offset + 1);
-        task.dirty = true;
-        let origin = Origin {
-            partition: p,
-            offset,
-        };
+        match stage {
+            Stage::Route => {
+                let route = self.routes.get_mut(&p).expect("route exists");
+                route.position = Some(offset + 1);
+                route.dirty = true;
+            }
+            Stage::Dedup => {
+                let task = self.tasks.get_mut(&p).expect("task exists");
+                task.position = Some(offset + 1);
+                task.dirty = true;
+            }
+        }
         match outcome {
             Ok(()) if verdict == Verdict::Process => Ok(()),
             Ok(()) => self.commit(consumer),
             Err(RecordError::Stage(why)) => {
-                self.record_failed(origin, FailureKind::Processing, why.clone(), false);
+                self.record_failed(record.origin(), FailureKind::Processing, why.clone(), false);
                 self.abort(consumer, &why);
                 Ok(())
             }
@@ -95,14 +109,36 @@ impl Engine {
         }
     }
 
+    fn stage_of(&self, topic: &str) -> Stage {
+        if self.cfg.repartition_topic.is_some() && topic == self.cfg.input_topic {
+            Stage::Route
+        } else {
+            Stage::Dedup
+        }
+    }
+
+    fn attempts_of(&mut self, stage: Stage) -> &mut RecordAttempts {
+        match stage {
+            Stage::Route => &mut self.route_attempts,
+            Stage::Dedup => &mut self.attempts,
+        }
+    }
+
     /// Whether the record at `offset` is the next one of an active task (not one fetched
     /// before a rewind, a pause or a reassignment: those come again in order).
-    fn takes(&self, p: i32, offset: i64) -> bool {
+    fn takes(&self, stage: Stage, p: i32, offset: i64) -> bool {
+        let next = |position: Option<i64>| position.is_none_or(|pos| offset >= pos);
         self.paused_until.is_none()
-            && self
-                .tasks
-                .get(&p)
-                .is_some_and(|t| t.active() && t.position.is_none_or(|pos| offset >= pos))
+            && match stage {
+                Stage::Route => self
+                    .routes
+                    .get(&p)
+                    .is_some_and(|r| r.active && next(r.position)),
+                Stage::Dedup => self
+                    .tasks
+                    .get(&p)
+                    .is_some_and(|t| t.active() && next(t.position)),
+            }
     }
 
     pub(super) fn record_failed(
@@ -112,7 +148,7 @@ impl Engine {
         error: String,
         too_large: bool,
     ) {
-        let attempts = self.attempts.failed(
+        let attempts = self.attempts_of(origin.stage).failed(
             origin.partition,
             origin.offset,
             kind,
@@ -123,7 +159,7 @@ impl Engine {
             .record_failures
             .get_or_create(&crate::metrics::Metrics::kind(kind))
             .inc();
-        warn!(partition = origin.partition, offset = origin.offset, attempts,
+        warn!(stage = ?origin.stage, partition = origin.partition, offset = origin.offset, attempts,
             max_attempts = self.cfg.max_record_attempts, kind = kind.reason(), error = %error,
             "record failed; it is tried again on its own, and dead-lettered after the last attempt");
     }
@@ -183,37 +219,41 @@ impl Engine {
         Ok(())
     }
 
-    fn process_record(&mut self, p: i32, m: &BorrowedMessage<'_>) -> Result<(), RecordError> {
-        let headers = m.headers();
-        let header = |name: &str| -> Option<&[u8]> {
-            headers.and_then(|h| h.iter().find(|x| x.key == name)?.value)
-        };
-        let view = RecordView {
-            key: m.key(),
-            value: m.payload(),
-            header: &header,
-        };
-        let id = match topology::extract_id(&view, &self.cfg.dedup_id, self.cfg.max_value_bytes) {
-            Ok(id) => id,
-            Err(rejection) => {
-                return self.dead_letter(
-                    m,
-                    rejection.code(),
-                    &rejection.detail(),
-                    rejection.metadata_only(),
-                );
+    fn process_record(&mut self, p: i32, record: &Consumed<'_>) -> Result<(), RecordError> {
+        let id = match record.id {
+            Some(id) => id.to_vec(),
+            None => {
+                let header = |name: &str| record.header(name);
+                let view = RecordView {
+                    key: record.key,
+                    value: record.value,
+                    header: &header,
+                };
+                match topology::extract_id(&view, &self.cfg.dedup_id, self.cfg.max_value_bytes) {
+                    Ok(id) => id,
+                    Err(rejection) => {
+                        return self.dead_letter(
+                            record,
+                            rejection.code(),
+                            &rejection.detail(),
+                            rejection.metadata_only(),
+                        );
+                    }
+                }
             }
         };
-        let time = m.timestamp().to_millis().unwrap_or_else(now_ms);
         if let Err(rejection) =
-            topology::check_time(time, now_ms(), self.cfg.max_skew.as_millis() as i64)
+            topology::check_time(record.time, now_ms(), self.cfg.max_skew.as_millis() as i64)
         {
-            return self.dead_letter(m, rejection.code(), &rejection.detail(), false);
+            return self.dead_letter(record, rejection.code(), &rejection.detail(), false);
         }
-        let origin = Origin {
-            partition: p,
-            offset: m.offset(),
-        };
+        if self.cfg.check_keying
+            && record.key != Some(id.as_slice())
+            && let Some(txn) = self.txn.as_mut()
+        {
+            txn.miskeyed += 1;
+        }
+        let origin = record.origin();
         let task = self.tasks.get_mut(&p).expect("task exists");
         let first_seen = match task.staged.puts.get(&id) {
             Some(t) => Some(*t),
@@ -224,35 +264,41 @@ impl Engine {
                 .first_seen(&id)
                 .map_err(RecordError::Store)?,
         };
-        if topology::is_duplicate(first_seen, time, self.cfg.retention.as_millis() as i64) {
+        if topology::is_duplicate(
+            first_seen,
+            record.time,
+            self.cfg.retention.as_millis() as i64,
+        ) {
             self.metrics.duplicates.inc();
             if let Some(topic) = self.cfg.duplicates_topic.clone() {
-                let record = Outgoing {
+                let out = Outgoing {
                     topic: &topic,
                     partition: None,
-                    key: m.key(),
-                    value: m.payload(),
-                    headers: with_id(headers, &id),
+                    key: record.key,
+                    value: record.value,
+                    headers: record.headers_with_id(&id),
+                    timestamp: Some(record.time),
                 };
-                self.send(record, origin)?;
+                self.send(out, origin)?;
             }
             return Ok(());
         }
-        task.staged.put(&id, time);
+        task.staged.put(&id, record.time);
         let changelog = self.cfg.changelog_topic.clone();
         self.send(
             Outgoing {
                 topic: &changelog,
                 partition: Some(p),
                 key: Some(&id),
-                value: Some(&time.to_be_bytes()),
+                value: Some(&record.time.to_be_bytes()),
                 headers: OwnedHeaders::new(),
+                timestamp: None,
             },
             origin,
         )?;
         // The downstream `enrich` stage: the place where a failure after the put would leave
         // an aborted write in a store that applied writes eagerly.
-        if self.faults.after_put(header(FAULT_HEADER)).is_err() {
+        if self.faults.after_put(record.header(FAULT_HEADER)).is_err() {
             return Err(RecordError::Stage(
                 "injected failure in the enrich stage".into(),
             ));
@@ -262,9 +308,10 @@ impl Engine {
             Outgoing {
                 topic: &output,
                 partition: None,
-                key: m.key(),
-                value: m.payload(),
-                headers: with_id(headers, &id),
+                key: record.key,
+                value: record.value,
+                headers: record.headers_with_id(&id),
+                timestamp: Some(record.time),
             },
             origin,
         )?;
@@ -275,34 +322,32 @@ impl Engine {
     /// The dead letter of a record that failed every attempt.
     fn dead_letter_failed(
         &mut self,
-        m: &BorrowedMessage<'_>,
+        record: &Consumed<'_>,
         failures: &Failures,
     ) -> Result<(), RecordError> {
         let detail = format!(
             "failed {} attempts; the last one: {}",
             failures.attempts, failures.error
         );
-        self.dead_letter(m, failures.kind.reason(), &detail, failures.too_large)
+        self.dead_letter(record, failures.kind.reason(), &detail, failures.too_large)
     }
 
-    /// Sends `m` to the dead-letter topic with `reason`. `metadata_only`: the record's size is
-    /// the problem, so the dead letter carries headers that say why and where the original
-    /// is (it stays in the input topic), not its key, value or headers.
-    fn dead_letter(
+    /// Sends `record` to the dead-letter topic with `reason`. `metadata_only`: the record's
+    /// size is the problem, so the dead letter carries headers that say why and where the
+    /// original is (it stays in the input topic), not its key, value or headers.
+    pub(super) fn dead_letter(
         &mut self,
-        m: &BorrowedMessage<'_>,
+        record: &Consumed<'_>,
         reason: &str,
         detail: &str,
         metadata_only: bool,
     ) -> Result<(), RecordError> {
         warn!(
-            partition = m.partition(),
-            offset = m.offset(),
+            source = %record.source,
             reason,
             detail,
             "record to the dead-letter topic"
         );
-        let source = format!("{}/{}/{}", m.topic(), m.partition(), m.offset());
         let mut cut = detail.len().min(DLQ_ERROR_MAX);
         while !detail.is_char_boundary(cut) {
             cut -= 1;
@@ -310,7 +355,7 @@ impl Engine {
         let base = if metadata_only {
             OwnedHeaders::new()
         } else {
-            copy_headers(m.headers())
+            record.copy_headers()
         };
         let mut headers = base
             .insert(Header {
@@ -319,14 +364,14 @@ impl Engine {
             })
             .insert(Header {
                 key: topology::DLQ_SOURCE_HEADER,
-                value: Some(&source),
+                value: Some(&record.source),
             })
             .insert(Header {
                 key: topology::DLQ_ERROR_HEADER,
                 value: Some(&detail[..cut]),
             });
         if metadata_only {
-            let size = m.payload().map_or(0, <[u8]>::len).to_string();
+            let size = record.value.map_or(0, <[u8]>::len).to_string();
             headers = headers.insert(Header {
                 key: topology::DLQ_ORIGINAL_SIZE_HEADER,
                 value: Some(&size),
@@ -336,7 +381,7 @@ impl Engine {
         let (key, value) = if metadata_only {
             (None, None)
         } else {
-            (m.key(), m.payload())
+            (record.key, record.value)
         };
         self.send(
             Outgoing {
@@ -345,24 +390,22 @@ impl Engine {
                 key,
                 value,
                 headers,
+                timestamp: None,
             },
-            Origin {
-                partition: m.partition(),
-                offset: m.offset(),
-            },
+            record.origin(),
         )?;
         if let Some(txn) = self.txn.as_mut() {
             txn.dead_letters.push(DeadLetterNote {
                 at_ms: now_ms(),
                 reason: reason.to_string(),
-                source,
+                source: record.source.clone(),
                 detail: detail.to_string(),
             });
         }
         Ok(())
     }
 
-    fn send(&mut self, out: Outgoing<'_>, origin: Origin) -> Result<(), RecordError> {
+    pub(super) fn send(&mut self, out: Outgoing<'_>, origin: Origin) -> Result<(), RecordError> {
         let topic = out.topic;
         let mut record: BaseRecord<'_, [u8], [u8], Box<Origin>> =
             BaseRecord::with_opaque_to(topic, Box::new(origin)).headers(out.headers);
@@ -374,6 +417,9 @@ impl Engine {
         }
         if let Some(v) = out.value {
             record = record.payload(v);
+        }
+        if let Some(t) = out.timestamp {
+            record = record.timestamp(t);
         }
         loop {
             match self.producer.send(record) {
@@ -401,6 +447,7 @@ impl Engine {
                 self.txn = Some(OpenTxn {
                     started: Instant::now(),
                     dead_letters: Vec::new(),
+                    miskeyed: 0,
                 });
                 Ok(())
             }
@@ -410,27 +457,99 @@ impl Engine {
 }
 
 /// A record to produce.
-struct Outgoing<'a> {
-    topic: &'a str,
-    partition: Option<i32>,
-    key: Option<&'a [u8]>,
-    value: Option<&'a [u8]>,
-    headers: OwnedHeaders,
+pub(super) struct Outgoing<'a> {
+    pub topic: &'a str,
+    pub partition: Option<i32>,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    pub headers: OwnedHeaders,
+    /// The record's time (the input record's, carried to what is derived from it); `None`:
+    /// the producer's clock.
+    pub timestamp: Option<i64>,
 }
 
-fn copy_headers(headers: Option<&BorrowedHeaders>) -> OwnedHeaders {
-    let mut out = OwnedHeaders::new();
-    if let Some(h) = headers {
-        for header in h.iter() {
-            out = out.insert(header);
+/// A consumed record as the stages see it. A record of the repartition topic stands for the
+/// input record it carries: its original key and source, its headers without the route
+/// stage's own, and its id (the repartition record's key).
+pub(super) struct Consumed<'a> {
+    pub stage: Stage,
+    pub partition: i32,
+    pub offset: i64,
+    /// The dedup id, when the record carries it as its key (a repartition record).
+    pub id: Option<&'a [u8]>,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    headers: Option<&'a BorrowedHeaders>,
+    /// `headers` hold the route stage's own, which are left out when copied.
+    repartitioned: bool,
+    /// The record's time (the producer's clock when it has none).
+    pub time: i64,
+    /// `topic/partition/offset` of the input record.
+    pub source: String,
+}
+
+impl<'a> Consumed<'a> {
+    pub fn of(m: &'a BorrowedMessage<'a>, stage: Stage, repartitioning: bool) -> Self {
+        let headers = m.headers();
+        let find = |name: &str| headers.and_then(|h| h.iter().find(|x| x.key == name));
+        let repartitioned = repartitioning && stage == Stage::Dedup;
+        let own_source = || format!("{}/{}/{}", m.topic(), m.partition(), m.offset());
+        let (id, key, source) = if repartitioned {
+            let source = find(repartition::SOURCE_HEADER)
+                .and_then(|h| std::str::from_utf8(h.value?).ok().map(str::to_string))
+                .unwrap_or_else(own_source);
+            (
+                m.key(),
+                find(repartition::KEY_HEADER).and_then(|h| h.value),
+                source,
+            )
+        } else {
+            (None, m.key(), own_source())
+        };
+        Consumed {
+            stage,
+            partition: m.partition(),
+            offset: m.offset(),
+            id,
+            key,
+            value: m.payload(),
+            headers,
+            repartitioned,
+            time: m.timestamp().to_millis().unwrap_or_else(now_ms),
+            source,
         }
     }
-    out
-}
 
-fn with_id(headers: Option<&BorrowedHeaders>, id: &[u8]) -> OwnedHeaders {
-    copy_headers(headers).insert(Header {
-        key: topology::DEDUP_ID_HEADER,
-        value: Some(id),
-    })
+    pub fn origin(&self) -> Origin {
+        Origin {
+            stage: self.stage,
+            partition: self.partition,
+            offset: self.offset,
+        }
+    }
+
+    /// The value of the header `name` (the first one of that name).
+    pub fn header(&self, name: &str) -> Option<&'a [u8]> {
+        self.headers?.iter().find(|h| h.key == name)?.value
+    }
+
+    /// The record's headers, without the route stage's own.
+    pub fn copy_headers(&self) -> OwnedHeaders {
+        let mut out = OwnedHeaders::new();
+        if let Some(h) = self.headers {
+            for header in h.iter() {
+                if !(self.repartitioned && header.key.starts_with(repartition::HEADER_PREFIX)) {
+                    out = out.insert(header);
+                }
+            }
+        }
+        out
+    }
+
+    fn headers_with_id(&self, id: &[u8]) -> OwnedHeaders {
+        self.copy_headers().insert(Header {
+            key: topology::DEDUP_ID_HEADER,
+            value: Some(id),
+        })
+    }
 }

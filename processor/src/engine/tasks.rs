@@ -113,7 +113,7 @@ impl Engine {
                 }
                 if let Some(o) = task.committed.or(meta.input_offset) {
                     entries.push(CheckpointEntry {
-                        topic: self.cfg.input_topic.clone(),
+                        topic: self.cfg.dedup_input().to_string(),
                         partition: p,
                         offset: o,
                     });
@@ -331,8 +331,9 @@ impl Engine {
         }
     }
 
-    /// Adds restored tasks to the consumer's assignment at their committed offsets. The open
-    /// transaction is committed first so every position is a committed one.
+    /// Adds restored tasks, and route tasks not consumed from yet, to the consumer's
+    /// assignment at their committed offsets. The open transaction is committed first so every
+    /// position is a committed one.
     pub(super) fn activate_restored(
         &mut self,
         consumer: &GroupConsumer,
@@ -344,23 +345,44 @@ impl Engine {
             .filter(|t| t.is(&Phase::Restored))
             .map(|t| t.partition)
             .collect();
-        if restored.is_empty() {
+        let routes: Vec<i32> = self
+            .routes
+            .iter()
+            .filter(|(_, r)| !r.active)
+            .map(|(&p, _)| p)
+            .collect();
+        if restored.is_empty() && routes.is_empty() {
             return Ok(());
         }
+        let dedup_input = self.cfg.dedup_input().to_string();
         let mut tpl = TopicPartitionList::new();
         for &p in &restored {
+            tpl.add_partition(&dedup_input, p);
+        }
+        for &p in &routes {
             tpl.add_partition(&self.cfg.input_topic, p);
         }
         let committed = consumer
             .committed_offsets(tpl, Duration::from_secs(30))
             .map_err(|e| EngineError::Fatal(format!("fetching committed offsets: {e}")))?;
-        for &p in &restored {
-            let offset = committed
-                .find_partition(&self.cfg.input_topic, p)
+        let committed_at = |topic: &str, p: i32| {
+            committed
+                .find_partition(topic, p)
                 .and_then(|e| match e.offset() {
                     Offset::Offset(o) => Some(o),
                     _ => None,
-                });
+                })
+        };
+        for &p in &routes {
+            let offset = committed_at(&self.cfg.input_topic, p);
+            let route = self.routes.get_mut(&p).expect("route exists");
+            route.active = true;
+            route.position = offset;
+            route.committed = offset;
+            info!(partition = p, offset = ?offset, "route task active");
+        }
+        for &p in &restored {
+            let offset = committed_at(&dedup_input, p);
             let task = self.tasks.get_mut(&p).expect("task exists");
             task.position = offset;
             task.committed = offset;

@@ -119,10 +119,17 @@ impl Engine {
             if let Some(pos) = task.position {
                 positions
                     .add_partition_offset(
-                        &self.cfg.input_topic,
+                        self.cfg.dedup_input(),
                         task.partition,
                         Offset::Offset(pos),
                     )
+                    .expect("valid");
+            }
+        }
+        for (&p, route) in self.routes.iter().filter(|(_, r)| r.dirty) {
+            if let Some(pos) = route.position {
+                positions
+                    .add_partition_offset(&self.cfg.input_topic, p, Offset::Offset(pos))
                     .expect("valid");
             }
         }
@@ -184,7 +191,19 @@ impl Engine {
                 self.attempts.committed(task.partition, pos);
             }
         }
+        for (&p, route) in self.routes.iter_mut().filter(|(_, r)| r.dirty) {
+            route.committed = route.position;
+            route.dirty = false;
+            if let Some(pos) = route.position {
+                self.route_attempts.committed(p, pos);
+            }
+        }
         self.count_dead_letters(txn.dead_letters);
+        if txn.miskeyed > 0 {
+            self.metrics.miskeyed_records.inc_by(txn.miskeyed);
+            self.shared
+                .update(false, |h| h.miskeyed_records += txn.miskeyed);
+        }
         for (p, e) in failed {
             self.on_task_event(
                 p,
@@ -368,6 +387,7 @@ impl Engine {
             rdkafka::producer::BaseRecord::with_opaque_to(
                 &self.cfg.changelog_topic,
                 Box::new(super::Origin {
+                    stage: super::Stage::Dedup,
                     partition: -1,
                     offset: -1,
                 }),

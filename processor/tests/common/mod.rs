@@ -173,8 +173,27 @@ impl App {
     /// everything produced so far is processed and its results are committed with it. Then
     /// reading a topic to its end shows every result (absence is checked this way, never by
     /// sleeping).
+    ///
+    /// When the app repartitions, the dedup stage reads the repartition topic: it must have
+    /// processed everything the route stage committed there too.
     pub fn wait_until_processed(&self, timeout: Duration) {
         kafka::wait_for_group_caught_up(&self.id, &self.input, timeout);
+        if self.repartitions() {
+            kafka::wait_for_group_read_everything(&self.id, &self.repartition_topic(), timeout);
+        }
+    }
+
+    /// Whether the configuration makes the processor repartition (`topology.repartition` Auto,
+    /// the default, and a dedup id that is not the key).
+    pub fn repartitions(&self) -> bool {
+        let topology = &self.config_json["topology"];
+        let source = topology["dedupId"]["source"].as_str().unwrap_or("Key");
+        let never = topology["repartition"].as_str() == Some("Never");
+        source != "Key" && !never
+    }
+
+    pub fn repartition_topic(&self) -> String {
+        format!("{}-dedup-repartition", self.id)
     }
 
     /// A state directory for a pod of this app.
@@ -313,6 +332,7 @@ impl App {
                 .unwrap_or_default();
             out.push(Output {
                 key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                time: m.timestamp().to_millis(),
                 value: m.payload().map(<[u8]>::to_vec),
                 headers,
                 partition: m.partition(),
@@ -384,6 +404,8 @@ impl Input {
 #[derive(Clone, Debug)]
 pub struct Output {
     pub key: Option<String>,
+    /// The record's timestamp.
+    pub time: Option<i64>,
     pub value: Option<Vec<u8>>,
     pub headers: HashMap<String, String>,
     pub partition: i32,
