@@ -74,6 +74,7 @@ pub fn pod_status(
         dead_letters: file.map_or(0, |h| {
             i64::try_from(h.dead_letters.values().sum::<u64>()).unwrap_or(i64::MAX)
         }),
+        miskeyed_records: file.map_or(0, |h| i64::try_from(h.miskeyed_records).unwrap_or(i64::MAX)),
         last_dead_letter: file.and_then(|h| h.last_dead_letter.as_ref()).map(|d| {
             format!(
                 "{} at {} ({}): {}",

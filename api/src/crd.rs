@@ -88,6 +88,13 @@ use crate::config::{RocksDbTuning, Topology};
         priority = 1
     ),
     printcolumn(
+        name = "Repartition-Lag",
+        type_ = "integer",
+        json_path = ".status.repartitionLag",
+        description = "Records in the repartition topic the dedup stage has not processed yet",
+        priority = 1
+    ),
+    printcolumn(
         name = "Restore-Lag",
         type_ = "integer",
         json_path = ".status.worstRestoreLag",
@@ -470,6 +477,12 @@ pub struct StreamAppStatus {
     /// unset while the group makes no progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag_seconds: Option<i64>,
+    /// When the topology repartitions (`topology.repartition`): records the route stage wrote
+    /// to the repartition topic that the dedup stage has not committed yet (the second stage's
+    /// lag; `lag` is the first's). Counted in offsets, so the commit markers of the route
+    /// stage's transactions count too: up to one per partition when nothing waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repartition_lag: Option<i64>,
     /// Partitions of the input topic, as the operator last read them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_partitions: Option<i32>,
@@ -542,6 +555,10 @@ pub struct PodStateStatus {
     /// Records the processor sent to the dead-letter topic since it started (committed).
     #[serde(default)]
     pub dead_letters: i64,
+    /// With `topology.repartition: Never`: records since the processor started whose key is
+    /// not their dedup id (repeats of such ids on other partitions are output again).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub miskeyed_records: i64,
     /// The latest dead letter: when, its reason, where the original is and what went wrong.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_dead_letter: Option<String>,
@@ -615,6 +632,10 @@ pub struct RestoreStatus {
     /// Estimated seconds left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta_seconds: Option<i64>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

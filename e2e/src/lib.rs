@@ -256,11 +256,15 @@ impl Scenario {
             .unwrap_or_else(|e| panic!("reading pod {name}: {e}"))
     }
 
-    /// Waits until every record produced so far has been processed and committed.
+    /// Waits until every record produced so far has been processed and committed: by the
+    /// route stage (the input) and by the dedup stage (the repartition topic; the example's
+    /// ids are in the JSON value, so it repartitions).
     pub fn wait_processed(&self) {
-        kafka::wait_for_group_caught_up(
-            &self.application_id(),
-            &self.topics.input,
+        let group = self.application_id();
+        kafka::wait_for_group_caught_up(&group, &self.topics.input, Duration::from_secs(120));
+        kafka::wait_for_group_read_everything(
+            &group,
+            &format!("{group}-dedup-repartition"),
             Duration::from_secs(120),
         );
     }
@@ -335,7 +339,8 @@ impl Sent {
 
     /// Produces `count` commands, a `repeats` fraction of them repeating an id sent before
     /// (in this batch or an earlier one), then `bad` records without a command id. Commands
-    /// are keyed by their id, so every repeat lands on its first occurrence's partition.
+    /// are keyed by an order id unrelated to their command id (the example finds the id in the
+    /// value), so repeats land on other partitions than their first occurrence.
     pub fn produce(&mut self, scenario: &Scenario, count: usize, repeats: f64, bad: usize) {
         let producer: BaseProducer = kafka::client_config()
             .set("linger.ms", "5")
@@ -354,10 +359,11 @@ impl Sent {
                 r#"{{"commandId":"{id}","amount":{}}}"#,
                 rng.random_range(1..1000)
             );
+            let order = format!("order-{}", rng.random_range(0..997));
             kafka::send(
                 &producer,
                 BaseRecord::to(&scenario.topics.input)
-                    .key(&id)
+                    .key(&order)
                     .payload(&value),
             );
         }

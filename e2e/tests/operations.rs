@@ -99,7 +99,7 @@ async fn delete_and_wait(s: &Scenario) {
 }
 
 #[tokio::test]
-async fn deleting_a_streamapp_keeps_its_group_and_changelog_under_retain_and_removes_them_under_delete()
+async fn deleting_a_streamapp_keeps_its_group_and_internal_topics_under_retain_and_removes_them_under_delete()
  {
     for policy in ["Retain", "Delete"] {
         let s = Scenario::start(&format!("delete-{}", policy.to_lowercase()), 2).await;
@@ -112,7 +112,12 @@ async fn deleting_a_streamapp_keeps_its_group_and_changelog_under_retain_and_rem
         s.assert_exactly_once(&sent);
         let group = s.application_id();
         let changelog = format!("{group}-dedup-changelog");
+        let repartition = format!("{group}-dedup-repartition");
         assert!(kafka::topic_exists(&changelog));
+        assert!(
+            kafka::topic_exists(&repartition),
+            "the example repartitions"
+        );
 
         delete_and_wait(&s).await;
         let committed = kafka::committed_offsets(&group, &s.topics.input);
@@ -123,6 +128,10 @@ async fn deleting_a_streamapp_keeps_its_group_and_changelog_under_retain_and_rem
                     "the group's offsets stay: {committed:?}"
                 );
                 assert!(kafka::topic_exists(&changelog), "the changelog stays");
+                assert!(
+                    kafka::topic_exists(&repartition),
+                    "the repartition topic stays"
+                );
             }
             _ => {
                 assert!(
@@ -130,12 +139,14 @@ async fn deleting_a_streamapp_keeps_its_group_and_changelog_under_retain_and_rem
                     "the group is gone: {committed:?}"
                 );
                 let deadline = Instant::now() + Duration::from_secs(30);
-                while kafka::topic_exists(&changelog) {
-                    assert!(
-                        Instant::now() < deadline,
-                        "the changelog {changelog} is still there"
-                    );
-                    std::thread::sleep(Duration::from_millis(300));
+                for topic in [&changelog, &repartition] {
+                    while kafka::topic_exists(topic) {
+                        assert!(
+                            Instant::now() < deadline,
+                            "the internal topic {topic} is still there"
+                        );
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
                 }
             }
         }

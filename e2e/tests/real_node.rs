@@ -101,6 +101,23 @@ async fn the_example_runs_on_the_real_node_deduplicates_exactly_once_and_kubectl
         },
     )
     .await;
+    let status = s.status().await;
+    let every_id = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "EveryIdDeduplicated")
+        .expect("the EveryIdDeduplicated condition");
+    assert_eq!(
+        (every_id.status.as_str(), every_id.reason.as_str()),
+        ("True", "Repartitioned"),
+        "the example's ids are in the value: it repartitions"
+    );
+    s.wait_for_status(
+        "the repartition stage's lag",
+        Duration::from_secs(60),
+        |st| st.repartition_lag.is_some_and(|l| l <= 4),
+    )
+    .await;
     let table = s.kubectl(&["get", "streamapps"]);
     let mut lines = table.lines();
     let header: Vec<_> = lines.next().unwrap().split_whitespace().collect();

@@ -70,6 +70,9 @@ pub struct Observation {
     pub input_ends: Vec<i64>,
     /// The group's committed offset on each input partition (None: nothing committed).
     pub committed: Vec<Option<i64>>,
+    /// The same for the repartition topic, when it exists (the dedup stage's input).
+    pub repartition_ends: Vec<i64>,
+    pub repartition_committed: Vec<Option<i64>>,
     /// The consumer group's state (`Empty`, `Stable`, `Dead`, ...), when it could be read.
     pub group_state: Option<String>,
 }
@@ -162,18 +165,22 @@ impl Kafka {
         &self,
         topics: Vec<String>,
         input: String,
+        repartition: Option<String>,
         group: String,
     ) -> Result<Observation, String> {
         let kafka = self.clone();
-        tokio::task::spawn_blocking(move || kafka.observe_blocking(&topics, &input, &group))
-            .await
-            .map_err(|e| format!("the Kafka client panicked: {e}"))?
+        tokio::task::spawn_blocking(move || {
+            kafka.observe_blocking(&topics, &input, repartition.as_deref(), &group)
+        })
+        .await
+        .map_err(|e| format!("the Kafka client panicked: {e}"))?
     }
 
     fn observe_blocking(
         &self,
         topics: &[String],
         input: &str,
+        repartition: Option<&str>,
         group: &str,
     ) -> Result<Observation, String> {
         let consumer = self.consumer(Some(group))?;
@@ -194,30 +201,14 @@ impl Kafka {
                 .filter(|n| *n > 0);
             view.partitions.insert(name.clone(), partitions);
         }
-        let input_partitions = view.partitions.get(input).copied().flatten().unwrap_or(0);
-        let mut input_ends = Vec::new();
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..input_partitions as i32 {
-            let (_, high) = consumer
-                .fetch_watermarks(input, p, REQUEST)
-                .map_err(|e| format!("reading the end of {input}/{p}: {e}"))?;
-            input_ends.push(high);
-            tpl.add_partition(input, p);
-        }
-        let committed = if input_partitions == 0 {
-            Vec::new()
-        } else {
-            let found = consumer
-                .committed_offsets(tpl, REQUEST)
-                .map_err(|e| format!("reading the offsets of consumer group {group}: {e}"))?;
-            (0..input_partitions as i32)
-                .map(
-                    |p| match found.find_partition(input, p).map(|e| e.offset()) {
-                        Some(Offset::Offset(o)) => Some(o),
-                        _ => None,
-                    },
-                )
-                .collect()
+        let offsets = |topic: &str| -> Result<(Vec<i64>, Vec<Option<i64>>), String> {
+            let partitions = view.partitions.get(topic).copied().flatten().unwrap_or(0);
+            self.ends_and_committed(&consumer, topic, partitions as i32, group)
+        };
+        let (input_ends, committed) = offsets(input)?;
+        let (repartition_ends, repartition_committed) = match repartition {
+            Some(topic) => offsets(topic)?,
+            None => (Vec::new(), Vec::new()),
         };
         let group_state = consumer
             .fetch_group_list(Some(group), REQUEST)
@@ -227,8 +218,44 @@ impl Kafka {
             topics: view,
             input_ends,
             committed,
+            repartition_ends,
+            repartition_committed,
             group_state,
         })
+    }
+
+    /// The end offset of each of `topic`'s `partitions` and what `group` committed there.
+    fn ends_and_committed(
+        &self,
+        consumer: &BaseConsumer,
+        topic: &str,
+        partitions: i32,
+        group: &str,
+    ) -> Result<(Vec<i64>, Vec<Option<i64>>), String> {
+        if partitions == 0 {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let mut ends = Vec::new();
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p, REQUEST)
+                .map_err(|e| format!("reading the end of {topic}/{p}: {e}"))?;
+            ends.push(high);
+            tpl.add_partition(topic, p);
+        }
+        let found = consumer
+            .committed_offsets(tpl, REQUEST)
+            .map_err(|e| format!("reading the offsets of consumer group {group}: {e}"))?;
+        let committed = (0..partitions)
+            .map(
+                |p| match found.find_partition(topic, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) => Some(o),
+                    _ => None,
+                },
+            )
+            .collect();
+        Ok((ends, committed))
     }
 
     fn bootstrap(&self) -> String {

@@ -82,10 +82,16 @@ pub enum KafkaFinding {
         input_partitions: Option<usize>,
         lag: Option<i64>,
         lag_seconds: Option<i64>,
+        /// Records in the repartition topic the dedup stage has not committed (repartitioning
+        /// topologies only).
+        repartition_lag: Option<i64>,
     },
 }
 
 pub const TOPICS_READY: &str = "TopicsReady";
+/// Whether every repeat of an id is caught whichever input partition it arrives on.
+pub const EVERY_ID_DEDUPLICATED: &str = "EveryIdDeduplicated";
+pub const MISKEYED_RECORDS: &str = "MiskeyedRecords";
 pub const REPLICAS_CAPPED: &str = "ReplicasCapped";
 /// Progressing reason while a scale-in steps one pod at a time (see [`crate::scaling`]).
 pub const SCALING_IN: &str = "ScalingIn";
@@ -357,6 +363,18 @@ pub fn compute_status(
             generation,
             now,
         ),
+        {
+            let (status, reason, message) = dedup_coverage(app, &reports);
+            condition(
+                &previous,
+                EVERY_ID_DEDUPLICATED,
+                status,
+                reason,
+                message,
+                generation,
+                now,
+            )
+        },
         match capped(app, findings) {
             Some(message) => condition(
                 &previous,
@@ -418,18 +436,25 @@ pub fn compute_status(
         })
         .or_else(|| findings.desired_config_hash.clone());
 
-    let (lag, lag_seconds, input_partitions) = match &findings.kafka {
+    let (lag, lag_seconds, input_partitions, repartition_lag) = match &findings.kafka {
         KafkaFinding::Seen {
             lag,
             lag_seconds,
             input_partitions,
+            repartition_lag,
             ..
-        } => (*lag, *lag_seconds, input_partitions.map(|p| p as i32)),
+        } => (
+            *lag,
+            *lag_seconds,
+            input_partitions.map(|p| p as i32),
+            *repartition_lag,
+        ),
         // Not seen this time: the last values stand (TopicsReady says why they may be stale).
         _ => (
             previous.lag,
             previous.lag_seconds,
             previous.input_partitions,
+            previous.repartition_lag,
         ),
     };
 
@@ -438,6 +463,7 @@ pub fn compute_status(
         consumer_group: Some(crate::processor_config::application_id(app)),
         lag,
         lag_seconds,
+        repartition_lag,
         input_partitions,
         reset: findings.reset.clone().or_else(|| previous.reset.clone()),
         phase: Some(phase.to_string()),
@@ -458,6 +484,53 @@ pub fn compute_status(
         config_hash,
         conditions,
         pods: Vec::new(),
+    }
+}
+
+/// The EveryIdDeduplicated condition: (status, reason, message). With repartitioning, or an
+/// id that is the key, every repeat reaches its id's store; with `repartition: Never` that
+/// holds only while the input is keyed by the id, which the pods check record by record.
+fn dedup_coverage(
+    app: &StreamApp,
+    reports: &[&PodStateStatus],
+) -> (&'static str, &'static str, String) {
+    use streamapp_api::config::DedupIdSource;
+    let topology = &app.spec.topology;
+    if topology.dedup_id.source == DedupIdSource::Key {
+        return (
+            "True",
+            "KeyIsTheId",
+            "the dedup id is the record key: every repeat is on its id's partition".into(),
+        );
+    }
+    if topology.repartitions() {
+        return (
+            "True",
+            "Repartitioned",
+            "records are re-keyed by their dedup id through the repartition topic before deduplication".into(),
+        );
+    }
+    let miskeyed: Vec<String> = reports
+        .iter()
+        .filter(|p| p.miskeyed_records > 0)
+        .map(|p| format!("{} on {}", p.miskeyed_records, p.name))
+        .collect();
+    if miskeyed.is_empty() {
+        (
+            "True",
+            "InputKeyedById",
+            "topology.repartition is Never and every record so far was keyed by its dedup id"
+                .into(),
+        )
+    } else {
+        (
+            "False",
+            MISKEYED_RECORDS,
+            format!(
+                "records whose key is not their dedup id ({}): with topology.repartition Never a repeat of such an id on another partition is output again; set topology.repartition to Auto",
+                miskeyed.join(", ")
+            ),
+        )
     }
 }
 

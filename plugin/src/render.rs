@@ -89,6 +89,9 @@ fn app_tree(out: &mut String, app: &StreamApp, now: Timestamp, colour: Colour) {
             head += &format!(" (~{})", duration(secs));
         }
     }
+    if let Some(lag) = status.repartition_lag {
+        head += &format!("  repartition lag {lag}");
+    }
     out.push_str(&head);
     out.push('\n');
 

@@ -115,6 +115,12 @@ fn topics(app: &StreamApp) -> Vec<String> {
     topics
 }
 
+/// The repartition topic, when the app's topology repartitions.
+fn repartition_topic(app: &StreamApp) -> Option<String> {
+    let [_, repartition] = kafka::internal_topics(&application_id(app));
+    app.spec.topology.repartitions().then_some(repartition)
+}
+
 /// A look at the StreamApp's Kafka (a recent one when there is one; `urgent`: at most a second
 /// old), and what it means for the status.
 pub(super) async fn observe(
@@ -134,6 +140,7 @@ pub(super) async fn observe(
                 .observe(
                     topics(app),
                     app.spec.topology.input_topic.clone(),
+                    repartition_topic(app),
                     application_id(app),
                 )
                 .await;
@@ -155,11 +162,15 @@ pub(super) async fn observe(
             let lag = input_partitions.map(|_| kafka::lag(&seen.input_ends, &seen.committed));
             let committed: i64 = seen.committed.iter().flatten().sum();
             let lag_seconds = lag.and_then(|l| ctx.rates.lag_seconds(app, committed, l));
+            let repartition_lag = repartition_topic(app)
+                .filter(|t| seen.topics.partitions.get(t).copied().flatten().is_some())
+                .map(|_| kafka::lag(&seen.repartition_ends, &seen.repartition_committed));
             let finding = KafkaFinding::Seen {
                 problems,
                 input_partitions,
                 lag,
                 lag_seconds,
+                repartition_lag,
             };
             (Some(seen), finding)
         }

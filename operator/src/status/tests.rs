@@ -574,3 +574,57 @@ fn a_scale_in_waiting_for_the_remaining_pods_is_progressing_with_what_it_waits_f
     );
     assert_eq!(cond(&status, "Degraded").status, "False");
 }
+
+#[test]
+fn every_id_is_deduplicated_when_repartitioning_and_a_miskeyed_input_under_never_says_so() {
+    use streamapp_api::config::{DedupId, DedupIdSource, Repartition};
+    let condition_for = |source: DedupIdSource, repartition: Repartition, miskeyed: i64| {
+        let mut app = app();
+        app.spec.topology.dedup_id = DedupId {
+            source,
+            header: Some("cmd-id".into()),
+            json_pointer: None,
+        };
+        app.spec.topology.repartition = repartition;
+        let mut pod = report("orders-1", "Running", vec![]);
+        pod.miskeyed_records = miskeyed;
+        let app = with_status(
+            app,
+            StreamAppStatus {
+                pods: vec![pod],
+                ..Default::default()
+            },
+        );
+        cond(
+            &status_of(&app, Some(&steady(3)), &Findings::default(), now()),
+            EVERY_ID_DEDUPLICATED,
+        )
+        .clone()
+    };
+    let keyed = condition_for(DedupIdSource::Key, Repartition::Never, 0);
+    assert_eq!(
+        (keyed.status.as_str(), keyed.reason.as_str()),
+        ("True", "KeyIsTheId")
+    );
+    let auto = condition_for(DedupIdSource::Header, Repartition::Auto, 0);
+    assert_eq!(
+        (auto.status.as_str(), auto.reason.as_str()),
+        ("True", "Repartitioned")
+    );
+    let trusted = condition_for(DedupIdSource::Header, Repartition::Never, 0);
+    assert_eq!(
+        (trusted.status.as_str(), trusted.reason.as_str()),
+        ("True", "InputKeyedById")
+    );
+    let miskeyed = condition_for(DedupIdSource::Header, Repartition::Never, 7);
+    assert_eq!(
+        (miskeyed.status.as_str(), miskeyed.reason.as_str()),
+        ("False", MISKEYED_RECORDS)
+    );
+    assert!(
+        miskeyed.message.contains("7 on orders-1")
+            && miskeyed.message.contains("topology.repartition to Auto"),
+        "{}",
+        miskeyed.message
+    );
+}
