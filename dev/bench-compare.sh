@@ -16,7 +16,8 @@ mkdir -p "$results"
 "$DEV_DIR/install-kafka.sh"
 
 log "building the Kafka Streams peer (bench/kafka-streams)"
-peer_build="$STREAMAPP_CACHE/bench/kafka-streams"
+# BENCH_PEER_BUILD: where the peer is built (a second checkout builds its own, not over this one).
+peer_build="${BENCH_PEER_BUILD:-$STREAMAPP_CACHE/bench/kafka-streams}"
 mvn -B -q -f "$REPO_DIR/bench/kafka-streams/pom.xml" \
   -Dmaven.repo.local="$STREAMAPP_CACHE/m2" -Dbuild.dir="$peer_build" package ||
   die "could not build the Kafka Streams peer with maven"
