@@ -37,7 +37,7 @@
 //! 1. Throughput, CPU per million records, peak RSS: `BENCH_RECORDS` (default 5,000,000) records
 //!    whose record times span five retentions (`BENCH_RETENTION_SECONDS`, default 120, shortened
 //!    from an hour so that expiry runs: each repeat falls within half a retention of its first
-//!    occurrence). Each system consumes all of it in a process of its own; measured between
+//!    occurrence; runs under 100,000 records span less, see `MAX_RECORDS_PER_RETENTION`). Each system consumes all of it in a process of its own; measured between
 //!    40% and 90% of the input committed through every stage (the JVM has compiled the hot path,
 //!    the stores have filled past their retention, so expiry is running). `BENCH_RUNS` (default
 //!    3) runs, in alternating order (forwards, backwards, ...); the median and the spread
@@ -84,6 +84,9 @@ use report::{Better, Row, Table, format_keys};
 use steady::{Latency, LatencyRun, Throughput};
 use systems::{App, Peer};
 use testbed::kafka;
+
+/// Record time advances by at most a retention per this many input records (see `bench`).
+const MAX_RECORDS_PER_RETENTION: f64 = 20_000.0;
 
 fn main() -> ExitCode {
     if let Some(args) = copy::is_copy_child() {
@@ -219,9 +222,19 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     let input = format!("{run}-in");
     topics.create(&[&input]);
     let started = Instant::now();
-    let span = settings.retention * 5;
-    // Repeats within half a retention of record time: a tenth of the input, 70% of it new ids.
-    let recent = settings.records / 10 * 7 / 10;
+    // Five retentions of record time, but at most a 20,000th of a retention per record: the
+    // stages interleave the partitions' records by a few thousand records, and that disorder
+    // must stay small next to the retention (a record older than stream time minus the
+    // retention counts as expired). Small runs therefore cover less than five retentions.
+    let span = (settings.retention * 5).min(
+        settings
+            .retention
+            .mul_f64(settings.records as f64 / MAX_RECORDS_PER_RETENTION),
+    );
+    // Repeats within half a retention of record time, or less: 70% of the records are new ids.
+    let recent =
+        (settings.records as f64 * settings.retention.as_secs_f64() / 2.0 / span.as_secs_f64()
+            * 0.7) as u64;
     let workload = Workload::new().keyed(settings.keying).recent(recent);
     let dataset = produce_dataset(
         &input,
@@ -231,7 +244,8 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     );
     describe_dataset(&dataset, started.elapsed().as_secs_f64());
     println!(
-        "throughput: record times span {span:?} (5 retentions); measured from {:.0}% to {:.0}% of the input committed through every stage",
+        "throughput: record times span {span:?} ({:.1} retentions); measured from {:.0}% to {:.0}% of the input committed through every stage",
+        span.as_secs_f64() / settings.retention.as_secs_f64(),
         100.0 * steady::WINDOW.0,
         100.0 * steady::WINDOW.1
     );
