@@ -36,8 +36,8 @@
 //! What one run does:
 //! 1. Throughput, CPU per million records, peak RSS: `BENCH_RECORDS` (default 5,000,000) records
 //!    whose record times span five retentions (`BENCH_RETENTION_SECONDS`, default 120, shortened
-//!    from an hour so that expiry runs: each repeat falls within half a retention of its first
-//!    occurrence; runs under 100,000 records span less, see `MAX_RECORDS_PER_RETENTION`). Each system consumes all of it in a process of its own; measured between
+//!    from an hour so that expiry runs: each repeat falls within a quarter retention of its
+//!    first occurrence; runs under 500,000 records span less, see `MAX_RECORDS_PER_RETENTION`). Each system consumes all of it in a process of its own; measured between
 //!    40% and 90% of the input committed through every stage (the JVM has compiled the hot path,
 //!    the stores have filled past their retention, so expiry is running). `BENCH_RUNS` (default
 //!    3) runs, in alternating order (forwards, backwards, ...); the median and the spread
@@ -86,7 +86,7 @@ use systems::{App, Peer};
 use testbed::kafka;
 
 /// Record time advances by at most a retention per this many input records (see `bench`).
-const MAX_RECORDS_PER_RETENTION: f64 = 20_000.0;
+const MAX_RECORDS_PER_RETENTION: f64 = 100_000.0;
 
 fn main() -> ExitCode {
     if let Some(args) = copy::is_copy_child() {
@@ -222,18 +222,20 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     let input = format!("{run}-in");
     topics.create(&[&input]);
     let started = Instant::now();
-    // Five retentions of record time, but at most a 20,000th of a retention per record: the
-    // stages interleave the partitions' records by a few thousand records, and that disorder
-    // must stay small next to the retention (a record older than stream time minus the
-    // retention counts as expired). Small runs therefore cover less than five retentions.
+    // Five retentions of record time, but at most a 100,000th of a retention per record: the
+    // repartition stage interleaves the input partitions' records, one partition ahead of
+    // another by thousands of records, and that disorder must stay well under the retention,
+    // or a store's stream time runs so far ahead that a repeat's first sighting has expired
+    // (in either system: a record older than stream time minus the retention counts as
+    // expired). Runs under 500,000 records therefore cover less than five retentions.
     let span = (settings.retention * 5).min(
         settings
             .retention
             .mul_f64(settings.records as f64 / MAX_RECORDS_PER_RETENTION),
     );
-    // Repeats within half a retention of record time, or less: 70% of the records are new ids.
+    // Repeats within a quarter retention of record time: 70% of the records are new ids.
     let recent =
-        (settings.records as f64 * settings.retention.as_secs_f64() / 2.0 / span.as_secs_f64()
+        (settings.records as f64 * settings.retention.as_secs_f64() / 4.0 / span.as_secs_f64()
             * 0.7) as u64;
     let workload = Workload::new().keyed(settings.keying).recent(recent);
     let dataset = produce_dataset(
@@ -333,8 +335,8 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
             );
             let mut system = app.start(settings);
             system.wait_ready();
-            // Repeats within half a retention of wall-clock time.
-            let recent = rate * settings.retention.as_secs() / 2;
+            // Repeats within a quarter retention of wall-clock time.
+            let recent = rate * settings.retention.as_secs() / 4;
             let (result, sent) = steady::measure_latency(
                 &mut system,
                 LatencyRun {
