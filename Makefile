@@ -21,7 +21,7 @@ help:
 	@echo "make up/down - start/stop the test bed: Kafka, the Kubernetes control plane and a real node"
 	@echo "make images  - build the node's images (Debian base, pause, the project's image) with podman"
 	@echo "make bench   - processor benchmark: dedup vs a transactional copy, 1M records (needs make up)"
-	@echo "make bench-compare - side by side with Kafka Streams 4.4: table, CSV, chart (~15 min)"
+	@echo "make bench-compare - side by side with Kafka Streams 4.4: table, CSV, chart (~75 min at full size)"
 	@echo "make lint    - rustfmt and clippy"
 	@echo "make crds    - regenerate crds/streamapp.dev_streamapps.yaml from the Rust types"
 
@@ -87,8 +87,9 @@ bench:
 	$(CARGO) bench --locked -p streamapp-processor --bench dedup_vs_copy --no-run
 	dev/net.sh exec $(CARGO) bench --locked --offline -p streamapp-processor --bench dedup_vs_copy
 
-# streamapp-processor next to Kafka Streams 4.4 (bench/kafka-streams) on the local broker:
-# throughput, CPU, latency, memory, recovery after kill -9 with 1M and 5M keys. Installs the
+# streamapp-processor next to Kafka Streams 4.4 (bench/kafka-streams) on the local broker, at
+# its defaults and tuned, with a transactional copy as the ceiling: steady-state throughput, CPU,
+# latency, memory (3 runs, medians), recovery after kill -9 with 1M and 5M keys. Installs the
 # Java side through Maven; starts Kafka if needed. Writes bench/results/vs-kafka-streams.*.
 bench-compare: system-packages
 	@dev/bench-compare.sh

@@ -5,8 +5,9 @@
 # cache folder; starts the broker (in the test bed's network namespace, dev/net.sh) if it is not
 # running (and stops it again at the end); prints
 # the table; writes vs-kafka-streams.{txt,csv,png} into $BENCH_RESULTS (default bench/results).
-# Smaller runs: BENCH_RECORDS, BENCH_RECOVERY_KEYS, BENCH_LATENCY_SECONDS (see the bench's doc);
-# `make test` runs a small one (dev/bench-compare-smoke.sh) for its correctness checks.
+# Smaller runs: BENCH_RECORDS, BENCH_RUNS, BENCH_RECOVERY_KEYS, BENCH_LATENCY_SECONDS and the
+# other knobs in the doc comment of processor/benches/vs_kafka_streams/main.rs; `make test` runs
+# a small one (dev/bench-compare-smoke.sh) for its exactly-once checks.
 source "$(dirname "$0")/lib.sh"
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$STREAMAPP_CACHE/target}"
@@ -16,7 +17,8 @@ mkdir -p "$results"
 "$DEV_DIR/install-kafka.sh"
 
 log "building the Kafka Streams peer (bench/kafka-streams)"
-peer_build="$STREAMAPP_CACHE/bench/kafka-streams"
+# BENCH_PEER_BUILD: where the peer is built (a second checkout builds its own, not over this one).
+peer_build="${BENCH_PEER_BUILD:-$STREAMAPP_CACHE/bench/kafka-streams}"
 mvn -B -q -f "$REPO_DIR/bench/kafka-streams/pom.xml" \
   -Dmaven.repo.local="$STREAMAPP_CACHE/m2" -Dbuild.dir="$peer_build" package ||
   die "could not build the Kafka Streams peer with maven"
@@ -41,7 +43,7 @@ export STREAMAPP_KAFKA_BOOTSTRAP="${STREAMAPP_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_
 export BENCH_CSV="$results/vs-kafka-streams.csv"
 
 cargo bench --locked -p streamapp-processor --bench vs_kafka_streams --no-run
-log "running the comparison (at full size about 15 minutes on 2 cores)"
+log "running the comparison (at full size, 5M records and 3 runs, about 75 minutes on 2 cores)"
 # Inside the test bed's network namespace, where the broker is (no relay in the data path).
 in_testbed cargo bench --locked --offline -p streamapp-processor --bench vs_kafka_streams 2>&1 |
   tee "$results/vs-kafka-streams.txt"

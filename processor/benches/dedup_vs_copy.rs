@@ -25,27 +25,16 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Command, ExitCode};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use common::copy::{start_copy, stop_and_report};
 use common::*;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 use testbed::kafka::{self, Isolation};
 
 fn main() -> ExitCode {
-    // `cargo bench` passes `--bench`; the copy child is started as `<self> copy <args>`.
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    if args.first().map(String::as_str) == Some("copy") {
-        copy::run(&args[1..]);
+    if let Some(args) = copy::is_copy_child() {
+        copy::run(&args);
         return ExitCode::SUCCESS;
     }
     let settings = Settings::from_env();
@@ -90,11 +79,17 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     let input = format!("{run}-in");
     topics.create(&[&input]);
     let started = Instant::now();
-    let dataset = produce_dataset(&input, settings.records, Workload::new());
+    let dataset = produce_dataset(&input, settings.records, Workload::new(), RecordTime::Now);
     describe_dataset(&dataset, started.elapsed().as_secs_f64());
 
     // ---- throughput: one system after the other, on the same input ------------------------
-    let dedup_app = DedupApp::create(topics, work.path(), &format!("{run}-dedup"), &input);
+    let dedup_app = DedupApp::create(
+        topics,
+        work.path(),
+        &format!("{run}-dedup"),
+        &input,
+        &ProcessorOptions::keyed_by_id(),
+    );
     let mut dedup = dedup_app.start();
     let mut dedup_fig = measure_throughput(&mut dedup, settings.records);
     print_processor_metrics(&dedup);
@@ -121,7 +116,13 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     );
     let lat_input = format!("{run}-lat-dedup-in");
     topics.create(&[&lat_input]);
-    let lat_app = DedupApp::create(topics, work.path(), &format!("{run}-lat-dedup"), &lat_input);
+    let lat_app = DedupApp::create(
+        topics,
+        work.path(),
+        &format!("{run}-lat-dedup"),
+        &lat_input,
+        &ProcessorOptions::keyed_by_id(),
+    );
     let mut lat_dedup = lat_app.start();
     lat_dedup.wait_ready();
     measure_latency(
@@ -164,26 +165,6 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     correct
 }
 
-/// Starts the copy: this program re-executed as `copy <input> <output> <group> <ready file>`.
-fn start_copy(work: &Path, group: &str, input: &str, output: &str) -> System {
-    let dir = work.join(group);
-    std::fs::create_dir_all(&dir).unwrap();
-    let ready = dir.join("ready");
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command.args(["copy", input, output, group]).arg(&ready);
-    System::start_peer("copy", command, group, input, ready, dir.join("copy.log"))
-}
-
-/// Stops the copy and prints the commit summary it logs on exit.
-fn stop_and_report(copy: System) {
-    let log = copy.log.clone();
-    copy.stop();
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    if let Some(line) = text.lines().rev().find(|l| l.starts_with("transactions:")) {
-        println!("  copy {line}");
-    }
-}
-
 fn print_table(dedup: &Figures, copy: &Figures) {
     println!();
     println!(
@@ -206,145 +187,4 @@ fn print_table(dedup: &Figures, copy: &Figures) {
         dedup.peak_rss_mib / copy.peak_rss_mib
     );
     println!();
-}
-
-// ---- the copy: consume → produce in transactions, nothing else -----------------------------------
-
-mod copy {
-    use super::*;
-
-    /// `copy <input> <output> <group> <ready file>`: copies `input` to `output` exactly once,
-    /// with the processor's client settings and commit interval, until stdin closes.
-    pub fn run(args: &[String]) {
-        let [input, output, group, ready] = args else {
-            panic!("usage: dedup_vs_copy copy <input> <output> <group> <ready file>");
-        };
-        // The processor's consumer and producer settings (engine.rs), so that only the topology
-        // differs.
-        let mut client = kafka::client_config();
-        for (k, v) in system_properties() {
-            client.set(k, v);
-        }
-        let consumer: BaseConsumer = client
-            .clone()
-            .set("group.id", group)
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("partition.assignment.strategy", "range")
-            .set("queued.max.messages.kbytes", "16384")
-            .create()
-            .expect("consumer");
-        consumer.subscribe(&[input]).expect("subscribe");
-        let producer: BaseProducer = client
-            .set("transactional.id", format!("{group}-copy"))
-            .set("enable.idempotence", "true")
-            .set("linger.ms", "5")
-            .set("queue.buffering.max.kbytes", "65536")
-            .create()
-            .expect("producer");
-        producer
-            .init_transactions(Duration::from_secs(30))
-            .expect("init_transactions");
-
-        // Stop when the driver closes our stdin.
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop_flag = stop.clone();
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
-            stop_flag.store(true, Ordering::Relaxed);
-        });
-
-        let mut announced = false;
-        let mut commits = CommitStats::default();
-        let mut positions: Vec<Option<i64>> = vec![None; PARTITIONS as usize];
-        let mut txn_started: Option<Instant> = None;
-        while !stop.load(Ordering::Relaxed) {
-            let polled = consumer.poll(Duration::from_millis(50));
-            if !announced && consumer.assignment().is_ok_and(|a| a.count() > 0) {
-                std::fs::write(ready, b"").expect("ready file");
-                announced = true;
-            }
-            match polled {
-                Some(Ok(m)) => {
-                    if txn_started.is_none() {
-                        producer.begin_transaction().expect("begin_transaction");
-                        txn_started = Some(Instant::now());
-                    }
-                    let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(output);
-                    if let Some(k) = m.key() {
-                        record = record.key(k);
-                    }
-                    if let Some(v) = m.payload() {
-                        record = record.payload(v);
-                    }
-                    testbed::kafka::send(&producer, record);
-                    positions[m.partition() as usize] = Some(m.offset() + 1);
-                }
-                Some(Err(e)) => eprintln!("consumer error: {e}"),
-                None => {}
-            }
-            producer.poll(Duration::ZERO);
-            if txn_started.is_some_and(|t| t.elapsed() >= COMMIT_INTERVAL) {
-                commits.time(|| commit(&consumer, &producer, input, &mut positions));
-                txn_started = None;
-            }
-        }
-        if txn_started.is_some() {
-            commits.time(|| commit(&consumer, &producer, input, &mut positions));
-        }
-        // Read by the driver (stop_and_report) from this process's log.
-        eprintln!(
-            "transactions: {} committed, mean commit {:.1} ms",
-            commits.count,
-            commits.mean_ms()
-        );
-    }
-
-    /// How long commits (send_offsets_to_transaction + commit_transaction) take.
-    #[derive(Default)]
-    struct CommitStats {
-        count: u64,
-        total: Duration,
-    }
-
-    impl CommitStats {
-        fn time(&mut self, f: impl FnOnce()) {
-            let start = Instant::now();
-            f();
-            self.count += 1;
-            self.total += start.elapsed();
-        }
-
-        fn mean_ms(&self) -> f64 {
-            self.total.as_secs_f64() * 1000.0 / self.count.max(1) as f64
-        }
-    }
-
-    /// Commits the open transaction with the consumed positions (exactly-once: output and
-    /// offsets together).
-    fn commit(
-        consumer: &BaseConsumer,
-        producer: &BaseProducer,
-        input: &str,
-        positions: &mut [Option<i64>],
-    ) {
-        let mut tpl = TopicPartitionList::new();
-        for (p, pos) in positions.iter_mut().enumerate() {
-            if let Some(o) = pos.take() {
-                tpl.add_partition_offset(input, p as i32, Offset::Offset(o))
-                    .unwrap();
-            }
-        }
-        let group = consumer.group_metadata().expect("group metadata");
-        // As the processor does (see there why).
-        streamapp_processor::engine::await_deliveries(producer, Duration::from_secs(10));
-        producer
-            .send_offsets_to_transaction(&tpl, &group, Duration::from_secs(10))
-            .expect("send_offsets_to_transaction");
-        producer
-            .commit_transaction(Duration::from_secs(10))
-            .expect("commit_transaction");
-    }
 }

@@ -3,6 +3,11 @@
 //! `vs_kafka_streams` each use part of it, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod copy;
+mod workload;
+
+pub use workload::*;
+
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,7 +20,7 @@ use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use testbed::kafka::{self, Isolation};
 
@@ -53,33 +58,6 @@ pub fn run(bench: impl FnOnce(&tokio::runtime::Runtime, &mut Topics<'_>) -> bool
     }
 }
 
-/// Sends `workload`'s records to `topic` at `rate` records/s for `duration`, paced by the
-/// clock (every record at its due time, not in bursts per second). Calls `on_send` with each
-/// key; returns how many were sent. The caller flushes.
-pub fn send_paced(
-    producer: &BaseProducer,
-    topic: &str,
-    workload: &mut Workload,
-    rate: u64,
-    duration: Duration,
-    mut on_send: impl FnMut(String),
-) -> u64 {
-    let start = Instant::now();
-    let mut sent: u64 = 0;
-    while start.elapsed() < duration {
-        let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
-        while sent < due {
-            let (key, value) = workload.next(now_us());
-            send(producer, topic, &key, &value);
-            on_send(key);
-            sent += 1;
-        }
-        producer.poll(Duration::ZERO);
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    sent
-}
-
 /// A number from the environment, or its default.
 pub fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().map_or(default, |v| {
@@ -98,154 +76,25 @@ pub struct Figures {
     pub p99_ms: f64,
 }
 
-// ---- the input data ------------------------------------------------------------------------
+// ---- the processor ------------------------------------------------------------------------------
 
-/// A small deterministic PRNG (SplitMix64): every run uses the same data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
+/// What a benchmark sets in a processor's configuration.
+pub struct ProcessorOptions {
+    /// `topology.repartition`: `Auto` (the input is not keyed by the id: re-key through the
+    /// repartition topic) or `Never` (it is).
+    pub repartition: bool,
+    pub retention: Duration,
 }
 
-/// Generates the records: with probability `duplicates` a record repeats an id drawn uniformly
-/// from the ids issued so far (so repeats come both right after and long after the first
-/// occurrence); otherwise it carries the next new id, `<prefix>-<n>`.
-pub struct Workload {
-    rng: Rng,
-    duplicates: f64,
-    prefix: String,
-    pub distinct: u64,
-    seq: u64,
-}
-
-impl Workload {
-    /// The benchmarks' standard input: 30% repeats, ids `cmd-<n>`.
-    pub fn new() -> Self {
-        Self::with(DUPLICATE_FRACTION, "cmd")
-    }
-
-    pub fn with(duplicates: f64, prefix: &str) -> Self {
-        Workload {
-            rng: Rng(42),
-            duplicates,
-            prefix: prefix.into(),
-            distinct: 0,
-            seq: 0,
+impl ProcessorOptions {
+    /// An input keyed by the id, the default retention: no repartition stage.
+    pub fn keyed_by_id() -> Self {
+        ProcessorOptions {
+            repartition: false,
+            retention: RETENTION,
         }
     }
-
-    /// The id of the `n`th new id this workload issues.
-    pub fn id(&self, n: u64) -> String {
-        format!("{}-{n:010}", self.prefix)
-    }
-
-    /// The next record: key = id, and a 200 B JSON value that carries the send time in µs
-    /// (the record timestamp carries it in ms; the µs make the latency figures finer).
-    pub fn next(&mut self, sent_us: i64) -> (String, String) {
-        let n = if self.distinct > 0 && self.rng.unit() < self.duplicates {
-            self.rng.next() % self.distinct
-        } else {
-            self.distinct += 1;
-            self.distinct - 1
-        };
-        let id = self.id(n);
-        let head = format!(
-            r#"{{"id":"{id}","seq":{},"sentUs":{sent_us},"payload":""#,
-            self.seq
-        );
-        self.seq += 1;
-        let pad = RECORD_BYTES.saturating_sub(head.len() + 2);
-        (id, format!("{head}{}\"}}", "x".repeat(pad)))
-    }
 }
-
-/// The send time a value carries (see [`Workload::next`]).
-pub fn sent_us(value: &[u8]) -> Option<i64> {
-    const FIELD: &[u8] = b"\"sentUs\":";
-    let at = value.windows(FIELD.len()).position(|w| w == FIELD)? + FIELD.len();
-    let digits = value[at..]
-        .iter()
-        .take_while(|b| b.is_ascii_digit())
-        .count();
-    std::str::from_utf8(&value[at..at + digits])
-        .ok()?
-        .parse()
-        .ok()
-}
-
-/// What was produced: counts, and the distinct ids (to check outputs against).
-pub struct Dataset {
-    pub records: u64,
-    pub distinct: u64,
-    pub value_bytes: u64,
-    pub ids: HashSet<Vec<u8>>,
-}
-
-/// A producer tuned for bulk loads.
-pub fn bulk_producer() -> BaseProducer {
-    kafka::client_config()
-        .set("linger.ms", "20")
-        .set("batch.size", "1000000")
-        .set("queue.buffering.max.messages", "500000")
-        .create()
-        .expect("producer")
-}
-
-/// Produces `records` records of `workload` into `topic` as fast as the broker takes them.
-pub fn produce_dataset(topic: &str, records: u64, mut workload: Workload) -> Dataset {
-    let producer = bulk_producer();
-    let mut value_bytes = 0;
-    let mut ids = HashSet::new();
-    for _ in 0..records {
-        let (key, value) = workload.next(now_us());
-        value_bytes += value.len() as u64;
-        send(&producer, topic, &key, &value);
-        ids.insert(key.into_bytes());
-    }
-    producer
-        .flush(Duration::from_secs(300))
-        .expect("flushing the input");
-    Dataset {
-        records,
-        distinct: workload.distinct,
-        value_bytes,
-        ids,
-    }
-}
-
-/// Sends one record, key = id, timestamped now.
-pub fn send(producer: &BaseProducer, topic: &str, key: &str, value: &str) {
-    kafka::send(
-        producer,
-        BaseRecord::to(topic)
-            .key(key.as_bytes())
-            .payload(value.as_bytes())
-            .timestamp(now_us() / 1000),
-    );
-}
-
-pub fn describe_dataset(dataset: &Dataset, seconds: f64) {
-    let repeats = dataset.records - dataset.distinct;
-    println!(
-        "input: {} records, {} distinct ids, {repeats} repeats ({:.1}%), {:.0} B values on average, produced in {seconds:.1} s",
-        dataset.records,
-        dataset.distinct,
-        100.0 * repeats as f64 / dataset.records as f64,
-        dataset.value_bytes as f64 / dataset.records as f64,
-    );
-}
-
-// ---- the processor ------------------------------------------------------------------------------
 
 /// Topics and configuration of one streamapp-processor application.
 pub struct DedupApp {
@@ -253,11 +102,19 @@ pub struct DedupApp {
     pub input: String,
     pub output: String,
     pub duplicates: String,
+    /// The internal topic of the repartition stage, when there is one.
+    pub repartition: Option<String>,
     pub dir: PathBuf,
 }
 
 impl DedupApp {
-    pub fn create(topics: &mut Topics<'_>, work: &Path, id: &str, input: &str) -> DedupApp {
+    pub fn create(
+        topics: &mut Topics<'_>,
+        work: &Path,
+        id: &str,
+        input: &str,
+        options: &ProcessorOptions,
+    ) -> DedupApp {
         let (output, duplicates, dead_letters) = (
             format!("{id}-out"),
             format!("{id}-dups"),
@@ -266,6 +123,10 @@ impl DedupApp {
         topics.create(&[&output, &duplicates, &dead_letters]);
         // The processor creates its changelog; listed here so that it is deleted at the end.
         topics.created.push(format!("{id}-dedup-changelog"));
+        let repartition = options
+            .repartition
+            .then(|| format!("{id}-dedup-repartition"));
+        topics.created.extend(repartition.clone());
         let config = serde_json::json!({
             "applicationId": id,
             "kafka": { "bootstrapServers": kafka::bootstrap(), "properties": system_properties() },
@@ -276,7 +137,12 @@ impl DedupApp {
                 "deadLetterTopic": dead_letters,
                 // "JSON with an id": the id is read from the value, as users configure it.
                 "dedupId": { "source": "JsonPointer", "jsonPointer": "/id" },
-                "retention": format!("{}s", RETENTION.as_secs()),
+                "repartition": if options.repartition { "Auto" } else { "Never" },
+                "retention": format!("{}ms", options.retention.as_millis()),
+                // Must stay under the retention (the benchmarks' record times are never ahead
+                // of the clock, so it changes nothing else): the default 5m, or a quarter of a
+                // shortened retention.
+                "maxSkew": format!("{}ms", (options.retention / 4).min(Duration::from_secs(300)).as_millis()),
                 "commitInterval": format!("{}ms", COMMIT_INTERVAL.as_millis()),
             },
             // The default RocksDB profile: what a StreamApp gets unless tuned.
@@ -294,6 +160,7 @@ impl DedupApp {
             input: input.into(),
             output,
             duplicates,
+            repartition,
             dir,
         }
     }
@@ -329,6 +196,7 @@ impl DedupApp {
             child,
             group: self.id.clone(),
             input: self.input.clone(),
+            repartition: self.repartition.clone(),
             kind: Kind::Processor { port },
             log,
         }
@@ -345,12 +213,14 @@ pub enum Kind {
     Peer { ready: PathBuf },
 }
 
-/// A running system: a child process consuming `input` under consumer group `group`.
+/// A running system: a child process consuming `input` under consumer group `group`, and
+/// `repartition` too when it re-keys the input through that topic first.
 pub struct System {
     pub name: String,
     pub child: Child,
     pub group: String,
     pub input: String,
+    pub repartition: Option<String>,
     pub kind: Kind,
     pub log: PathBuf,
 }
@@ -383,6 +253,7 @@ impl System {
             child,
             group: group.into(),
             input: input.into(),
+            repartition: None,
             kind: Kind::Peer { ready },
             log,
         }
@@ -438,35 +309,67 @@ impl System {
             .expect("offsets watcher")
     }
 
-    /// Input records committed by the group: the sum of its committed offsets.
-    pub fn committed(&self, watcher: &BaseConsumer) -> u64 {
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..PARTITIONS {
-            tpl.add_partition(&self.input, p);
-        }
-        match watcher.committed_offsets(tpl, Duration::from_secs(5)) {
-            Ok(c) => c
-                .elements()
+    /// How far the group got: see [`Progress`].
+    pub fn progress(&self, watcher: &BaseConsumer) -> Progress {
+        let input = committed(watcher, &self.input).iter().sum();
+        let Some(repartition) = &self.repartition else {
+            return Progress {
+                input,
+                repartition_backlog: 0,
+            };
+        };
+        let ends = end_offsets(repartition);
+        let done = committed(watcher, repartition);
+        Progress {
+            input,
+            // An entry per partition is not a record: the marker the last transaction ended with.
+            repartition_backlog: ends
                 .iter()
-                .map(|e| {
-                    if let Offset::Offset(o) = e.offset() {
-                        o as u64
-                    } else {
-                        0
-                    }
-                })
+                .zip(&done)
+                .map(|(&end, &done)| (end as u64).saturating_sub(done + 1))
                 .sum(),
-            // Not known yet (e.g. an offset commit in flight): asked again on the next tick.
-            Err(_) => 0,
         }
     }
 
-    /// Waits until the group has committed `total` input records, failing when it stalls.
-    pub fn wait_committed(&mut self, watcher: &BaseConsumer, total: u64) {
+    /// Waits until the group has committed all `total` input records — in both stages when it
+    /// repartitions — failing when it stalls. Exact: once the first stage has committed the
+    /// whole input, the repartition topic is complete, each partition ending with a commit
+    /// marker, and the second stage is done when its committed offsets reach those markers.
+    pub fn wait_done(&mut self, watcher: &BaseConsumer, total: u64) {
+        self.wait_until(watcher, total, |s, w| s.progress(w).input);
+        let Some(repartition) = self.repartition.clone() else {
+            return;
+        };
+        let ends = end_offsets(&repartition);
+        let entries: u64 = ends.iter().map(|&e| e as u64).sum();
+        self.wait_until(watcher, entries, |_, w| {
+            committed(w, &repartition)
+                .iter()
+                .zip(&ends)
+                // At the marker (or past it): this partition is done.
+                .map(|(&done, &end)| {
+                    if done + 1 >= end as u64 {
+                        end as u64
+                    } else {
+                        done
+                    }
+                })
+                .sum()
+        });
+    }
+
+    /// Waits until `count` reaches `total`, failing when it stops moving for
+    /// [`STALL_TIMEOUT`] or the child exits.
+    fn wait_until(
+        &mut self,
+        watcher: &BaseConsumer,
+        total: u64,
+        count: impl Fn(&Self, &BaseConsumer) -> u64,
+    ) {
         let mut last_progress = (Instant::now(), 0);
         loop {
             self.check_alive();
-            let done = self.committed(watcher);
+            let done = count(self, watcher);
             if done >= total {
                 return;
             }
@@ -528,6 +431,42 @@ impl System {
     }
 }
 
+/// Where a system is: input records whose offsets it committed, and records of those still in
+/// its repartition topic, not yet committed by its second stage (0 without one; counted from
+/// the high watermarks, so records of an open transaction count too, and the figure is exact
+/// only between transactions). `done()` estimates the records through both stages.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Progress {
+    pub input: u64,
+    pub repartition_backlog: u64,
+}
+
+impl Progress {
+    pub fn done(&self) -> u64 {
+        self.input.saturating_sub(self.repartition_backlog)
+    }
+}
+
+/// The offsets a group committed on a topic's partitions (0 where none).
+pub fn committed(watcher: &BaseConsumer, topic: &str) -> Vec<u64> {
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition(topic, p);
+    }
+    match watcher.committed_offsets(tpl, Duration::from_secs(5)) {
+        Ok(c) => c
+            .elements()
+            .iter()
+            .map(|e| match e.offset() {
+                Offset::Offset(o) => o as u64,
+                _ => 0,
+            })
+            .collect(),
+        // Not known yet (e.g. an offset commit in flight): asked again on the next tick.
+        Err(_) => vec![0; PARTITIONS as usize],
+    }
+}
+
 // ---- measurements ------------------------------------------------------------------------------
 
 /// The processor's own view: counts, transactions and the mean time a commit takes.
@@ -554,7 +493,7 @@ pub fn measure_throughput(system: &mut System, total: u64) -> Figures {
     let pid = system.child.id();
     system.wait_ready();
     let (start, start_cpu) = (Instant::now(), cpu_seconds(pid));
-    system.wait_committed(&watcher, total);
+    system.wait_done(&watcher, total);
     let (seconds, cpu) = (start.elapsed().as_secs_f64(), cpu_seconds(pid) - start_cpu);
     let fig = Figures {
         records_per_s: total as f64 / seconds,
@@ -587,7 +526,7 @@ pub fn measure_latency(
         .set("linger.ms", "1")
         .create()
         .expect("producer");
-    let mut workload = Workload::new();
+    let mut workload = Workload::new().recent(rate * RETENTION.as_secs() / 2);
     let warmup_end_us = now_us() + LATENCY_WARMUP.as_micros() as i64;
     let sent = send_paced(
         &producer,
@@ -712,12 +651,13 @@ pub fn percentile(sorted: &[i64], q: f64) -> f64 {
 }
 
 /// Checks a dedup system's committed output against the input: every distinct id exactly once
-/// in `output`, nothing else, and every repeat in `duplicates`. Prints what it found.
+/// in `output`, nothing else, and every repeat in `duplicates`. The id is the one in the value
+/// (a system may key its output by the id or keep the input's key). Prints what it found.
 pub fn check_dedup_output(name: &str, output: &str, duplicates: &str, dataset: &Dataset) -> bool {
     let mut ids = HashSet::new();
     let mut unknown = 0u64;
     let records = kafka::read_all(output, Isolation::ReadCommitted, |m| {
-        let id = m.key().map(<[u8]>::to_vec).unwrap_or_default();
+        let id = m.payload().and_then(id_of).unwrap_or_default().to_vec();
         if !dataset.ids.contains(&id) {
             unknown += 1;
         }
@@ -777,6 +717,17 @@ impl Topics<'_> {
             self.runtime.block_on(kafka::create_topic(name, PARTITIONS));
             self.created.push((*name).to_string());
         }
+    }
+
+    /// Deletes these topics (of those created or listed), now.
+    pub fn delete(&mut self, names: &[String]) {
+        let (gone, kept) = self.created.drain(..).partition(|t| names.contains(t));
+        self.created = kept;
+        let mut gone = Topics {
+            runtime: self.runtime,
+            created: gone,
+        };
+        gone.delete_all();
     }
 
     /// Deletes every topic created (or listed) so far.

@@ -1,0 +1,533 @@
+//! Benchmark: streamapp-processor next to Kafka Streams 4.4 running the same dedup topology
+//! (bench/kafka-streams), at its defaults and at its best reasonable configuration, with a plain
+//! transactional copy as the ceiling — one after the other, on the same local broker, with the
+//! same input, measured in a steady state.
+//!
+//! Run it with `make bench-compare`, which installs what it needs (Kafka, the Java peer through
+//! Maven, matplotlib for the chart), starts the broker if it is not running, runs this, and
+//! draws the chart. This program needs `BENCH_KS_CLASSPATH` (the peer's classpath).
+//!
+//! The systems (all exactly-once, commit interval 100 ms, one processing thread, static group
+//! membership as a StatefulSet pod has):
+//! - `streamapp`: the real `streamapp-processor` binary, default RocksDB profile, id from the
+//!   JSON value (`dedupId.source: JsonPointer`), `topology.repartition: Auto`;
+//! - `copy`: a plain transactional copy (consume → produce, the processor's client settings,
+//!   no store): the ceiling any dedup on this broker stays under;
+//! - `ks-defaults`: Kafka Streams as the topology is written, every setting at the library's
+//!   default (its producer lingers 100 ms under EOS; a store builder's store is not cached), a
+//!   persistent window store with a range fetch per record;
+//! - `ks-window`: the same tuned as a competent user would: producer `linger.ms=5` and
+//!   `batch.size=1000000` (the processor's), the store cache as `BENCH_KS_CACHE_BYTES` says
+//!   (default 0: off — an EOS commit every 100 ms flushes it anyway, and each id is written
+//!   once, so there is nothing for it to merge);
+//! - `ks-kv`: tuned like `ks-window`, with a key-value store and a point lookup per record
+//!   instead, expired by a stream-time punctuation every half retention;
+//! - `ks-window-txn` (recovery only): `ks-window` with KIP-892 transactional state stores.
+//!
+//! Ratios are against the best Kafka Streams configuration on each metric.
+//!
+//! The input (`BENCH_KEYING=unrelated`, the default) is JSON records of 200 B with the id
+//! inside and record keys unrelated to the id, 30% repeats spread across the 4 partitions: every
+//! system must re-key by the id before the dedup — streamapp through its repartition stage,
+//! Kafka Streams through `selectKey` + `repartition()` (an internal repartition topic), both in
+//! the same exactly-once transactions. `BENCH_KEYING=id` keys the records by the id instead and
+//! leaves the repartition out on both sides (`repartition: Never`), to show what it costs.
+//!
+//! What one run does:
+//! 1. Throughput, CPU per million records, peak RSS: `BENCH_RECORDS` (default 5,000,000) records
+//!    whose record times span five retentions (`BENCH_RETENTION_SECONDS`, default 120, shortened
+//!    from an hour so that expiry runs: each repeat falls within a quarter retention of its
+//!    first occurrence; runs under 500,000 records span less, see `MAX_RECORDS_PER_RETENTION`). Each system consumes all of it in a process of its own; measured between
+//!    40% and 90% of the input committed through every stage (the JVM has compiled the hot path,
+//!    the stores have filled past their retention, so expiry is running). `BENCH_RUNS` (default
+//!    3) runs, in alternating order (forwards, backwards, ...); the median and the spread
+//!    (max − min, % of the median) are reported, and the machine's load next to every figure.
+//! 2. Correctness, before any figure is believed, after every run: the system's committed
+//!    output holds every input id exactly once and nothing else, its duplicates topic every
+//!    repeat (the copy: every input record once). A wrong output fails the run at once.
+//! 3. Latency p50/p99 at `BENCH_LATENCY_PERCENT` (default 50) % of each system's own median
+//!    throughput (`BENCH_LATENCY_RATE` sets one rate for all instead), each on fresh topics, the
+//!    same runs and order: a warm-up of `BENCH_LATENCY_WARMUP_SECONDS` (default 30) after which
+//!    everything sent more than 1 s earlier must be committed through every stage (no backlog)
+//!    — otherwise the warm-up is extended, at most 3 times, and then the run fails — and a
+//!    window of `BENCH_LATENCY_SECONDS` (default 20). Its output is checked exactly once too.
+//! 4. Recovery after kill -9, for each key count in `BENCH_RECOVERY_KEYS` (default
+//!    1000000,5000000): each system loads that many distinct ids (the time it takes is reported
+//!    too); live traffic (1,000 records/s of new ids) runs for 3 s so that the kill lands
+//!    mid-transaction; kill -9; 1,000 new records are sent; the system is restarted on the same
+//!    state directory. Measured: time from the restart to the first new committed output
+//!    record, to catching up with the input, and the records it restored from its changelog.
+//!    Then its output is checked again: every id exactly once across the crash.
+//! 5. A table with the medians, spreads and ratios, the goals met or not, and a CSV
+//!    (`BENCH_CSV`, default bench/results/vs-kafka-streams.csv) from which
+//!    bench/compare/chart.py draws the PNG.
+//!
+//! Other knobs: `BENCH_JAVA`, `BENCH_JAVA_OPTS` (default `-Xmx1g`), `BENCH_KEEP_WORK` (keep logs
+//! and state directories), `BENCH_PROCESSOR_LOG` and `BENCH_SYSTEM_PROPS` (see common/).
+//! The exit code is non-zero when an output was not exactly once or a latency run found no
+//! steady state.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod recovery;
+mod report;
+mod steady;
+mod systems;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use common::*;
+use recovery::{Recovery, recover};
+use report::{Better, Row, Table, format_keys};
+use steady::{Latency, LatencyRun, Throughput};
+use systems::{App, Peer};
+use testbed::kafka;
+
+/// Record time advances by at most a retention per this many input records (see `bench`).
+const MAX_RECORDS_PER_RETENTION: f64 = 100_000.0;
+
+fn main() -> ExitCode {
+    if let Some(args) = copy::is_copy_child() {
+        copy::run(&args);
+        return ExitCode::SUCCESS;
+    }
+    let settings = Settings::from_env();
+    run(|_, topics| bench(&settings, topics))
+}
+
+pub struct Settings {
+    records: u64,
+    runs: usize,
+    keying: Keying,
+    retention: Duration,
+    latency_percent: u64,
+    latency_rate: Option<u64>,
+    latency_warmup: Duration,
+    latency_duration: Duration,
+    recovery_keys: Vec<u64>,
+    pub ks_cache_bytes: u64,
+    pub java: String,
+    pub java_opts: Vec<String>,
+    pub ks_classpath: String,
+    csv: PathBuf,
+}
+
+impl Settings {
+    fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        Settings {
+            records: env_num("BENCH_RECORDS", 5_000_000),
+            runs: env_num("BENCH_RUNS", 3).max(1) as usize,
+            keying: match var("BENCH_KEYING").as_deref() {
+                None | Some("unrelated") => Keying::Unrelated,
+                Some("id") => Keying::Id,
+                Some(other) => panic!("BENCH_KEYING={other}: unrelated or id"),
+            },
+            retention: Duration::from_secs(env_num("BENCH_RETENTION_SECONDS", 120)),
+            latency_percent: env_num("BENCH_LATENCY_PERCENT", 50),
+            latency_rate: var("BENCH_LATENCY_RATE").map(|_| env_num("BENCH_LATENCY_RATE", 0)),
+            latency_warmup: Duration::from_secs(env_num("BENCH_LATENCY_WARMUP_SECONDS", 30)),
+            latency_duration: Duration::from_secs(env_num("BENCH_LATENCY_SECONDS", 20)),
+            recovery_keys: var("BENCH_RECOVERY_KEYS")
+                .unwrap_or_else(|| "1000000,5000000".into())
+                .split(',')
+                .filter(|n| !n.trim().is_empty())
+                .map(|n| {
+                    n.trim()
+                        .parse()
+                        .unwrap_or_else(|_| panic!("BENCH_RECOVERY_KEYS: {n} is not a number"))
+                })
+                .collect(),
+            ks_cache_bytes: env_num("BENCH_KS_CACHE_BYTES", 0),
+            java: var("BENCH_JAVA").unwrap_or_else(|| "java".into()),
+            java_opts: var("BENCH_JAVA_OPTS")
+                .unwrap_or_else(|| "-Xmx1g".into())
+                .split_whitespace()
+                .map(String::from)
+                .collect(),
+            ks_classpath: var("BENCH_KS_CLASSPATH").unwrap_or_else(|| {
+                panic!(
+                    "BENCH_KS_CLASSPATH is not set: the Kafka Streams peer is built and this \
+                     benchmark run by `make bench-compare`"
+                )
+            }),
+            csv: var("BENCH_CSV").map_or_else(
+                || repo.join("bench/results/vs-kafka-streams.csv"),
+                PathBuf::from,
+            ),
+        }
+    }
+
+    fn repartitions(&self) -> bool {
+        self.keying == Keying::Unrelated
+    }
+
+    /// Run `r`'s order: forwards, backwards, forwards...
+    fn order<const N: usize>(&self, peers: [Peer; N], r: usize) -> Vec<Peer> {
+        let mut order = peers.to_vec();
+        if r % 2 == 1 {
+            order.reverse();
+        }
+        order
+    }
+}
+
+/// Every run's figures, per system.
+#[derive(Default)]
+struct Measured {
+    throughput: Vec<(Peer, Throughput)>,
+    latency: Vec<(Peer, Latency)>,
+    recoveries: Vec<(u64, Vec<(Peer, Recovery)>)>,
+}
+
+/// The whole run. Returns whether every output was correct and every latency run steady.
+fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
+    println!(
+        "streamapp-processor vs Kafka Streams 4.4: {} records, {} runs, keys {:?} ({}), {PARTITIONS} partitions, commit interval {COMMIT_INTERVAL:?}, retention {:?}, broker {}",
+        settings.records,
+        settings.runs,
+        settings.keying,
+        if settings.repartitions() {
+            "re-keyed by the id through a repartition topic"
+        } else {
+            "keyed by the id, no repartition"
+        },
+        settings.retention,
+        kafka::bootstrap()
+    );
+    println!(
+        "machine: {} cores; load average at start: {}; JVM options: {}",
+        cores(),
+        loadavg(),
+        settings.java_opts.join(" ")
+    );
+    for p in Peer::ALL {
+        println!("  {:<14} {}", p.name(), p.describe());
+    }
+    // Kept when the run fails (logs and state directories to look at) or BENCH_KEEP_WORK is
+    // set; removed when it passes.
+    let mut work = tempfile::Builder::new()
+        .prefix("streamapp-bench-compare-")
+        .tempdir()
+        .expect("temp dir");
+    work.disable_cleanup(true);
+    println!("work dir (logs, state): {}", work.path().display());
+    let run = testbed::unique_name("cmp");
+    let mut measured = Measured::default();
+
+    // ---- throughput, each run checked exactly once -------------------------------------------
+    let input = format!("{run}-in");
+    topics.create(&[&input]);
+    let started = Instant::now();
+    // Five retentions of record time, but at most a 100,000th of a retention per record: the
+    // repartition stage interleaves the input partitions' records, one partition ahead of
+    // another by thousands of records, and that disorder must stay well under the retention,
+    // or a store's stream time runs so far ahead that a repeat's first sighting has expired
+    // (in either system: a record older than stream time minus the retention counts as
+    // expired). Runs under 500,000 records therefore cover less than five retentions.
+    let span = (settings.retention * 5).min(
+        settings
+            .retention
+            .mul_f64(settings.records as f64 / MAX_RECORDS_PER_RETENTION),
+    );
+    // Repeats within a quarter retention of record time: 70% of the records are new ids.
+    let recent =
+        (settings.records as f64 * settings.retention.as_secs_f64() / 4.0 / span.as_secs_f64()
+            * 0.7) as u64;
+    let workload = Workload::new().keyed(settings.keying).recent(recent);
+    let dataset = produce_dataset(
+        &input,
+        settings.records,
+        workload,
+        RecordTime::Spread { span },
+    );
+    describe_dataset(&dataset, started.elapsed().as_secs_f64());
+    println!(
+        "throughput: record times span {span:?} ({:.1} retentions); measured from {:.0}% to {:.0}% of the input committed through every stage",
+        span.as_secs_f64() / settings.retention.as_secs_f64(),
+        100.0 * steady::WINDOW.0,
+        100.0 * steady::WINDOW.1
+    );
+    for r in 0..settings.runs {
+        println!("throughput run {}/{}:", r + 1, settings.runs);
+        for peer in settings.order(Peer::MEASURED, r) {
+            let id = format!("{run}-t{r}-{}", peer.name());
+            let app = App::create(
+                topics,
+                work.path(),
+                peer,
+                &id,
+                &input,
+                settings.repartitions(),
+                settings.retention,
+            );
+            let mut system = app.start(settings);
+            let fig = steady::measure_throughput(&mut system, settings.records);
+            if peer == Peer::Streamapp {
+                print_processor_metrics(&system);
+            }
+            system.stop();
+            if !app.check(&format!("  {}", peer.name()), &dataset) {
+                println!(
+                    "AN OUTPUT WAS NOT EXACTLY ONCE: no figure of this run means anything; stopping here (work dir kept)"
+                );
+                return false;
+            }
+            app.remove(topics);
+            measured.throughput.push((peer, fig));
+        }
+    }
+    topics.delete_all();
+
+    // ---- latency at the same fraction of each system's own maximum -------------------------
+    let mut steady_state = true;
+    let medians = |peer: Peer| {
+        let v: Vec<f64> = measured
+            .throughput
+            .iter()
+            .filter(|(p, _)| *p == peer)
+            .map(|(_, t)| t.records_per_s)
+            .collect();
+        report::Stats::of(&v).map_or(f64::NAN, |s| s.median)
+    };
+    let rates: Vec<(Peer, u64)> = Peer::LATENCY
+        .into_iter()
+        .map(|p| {
+            let own = medians(p) * settings.latency_percent as f64 / 100.0;
+            let rate = settings.latency_rate.unwrap_or(if own.is_finite() {
+                ((own / 100.0).round() as u64 * 100).max(100)
+            } else {
+                // A throughput too small to time (a tiny run): a small fixed load.
+                1_000
+            });
+            (p, rate)
+        })
+        .collect();
+    println!(
+        "latency at {}% of each system's own median throughput ({}), {:?} warm-up (no backlog required after it), {:?} window, each system on fresh topics",
+        settings.latency_percent,
+        rates
+            .iter()
+            .map(|(p, r)| format!("{} {r}/s", p.name()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        settings.latency_warmup,
+        settings.latency_duration
+    );
+    for r in 0..settings.runs {
+        println!("latency run {}/{}:", r + 1, settings.runs);
+        for peer in settings.order(Peer::LATENCY, r) {
+            let rate = rates.iter().find(|(p, _)| *p == peer).expect("a rate").1;
+            let id = format!("{run}-l{r}-{}", peer.name());
+            let input = format!("{id}-in");
+            topics.create(&[&input]);
+            let app = App::create(
+                topics,
+                work.path(),
+                peer,
+                &id,
+                &input,
+                settings.repartitions(),
+                settings.retention,
+            );
+            let mut system = app.start(settings);
+            system.wait_ready();
+            // Repeats within a quarter retention of wall-clock time.
+            let recent = rate * settings.retention.as_secs() / 4;
+            let (result, sent) = steady::measure_latency(
+                &mut system,
+                LatencyRun {
+                    output: &app.output,
+                    rate,
+                    warmup: settings.latency_warmup,
+                    window: settings.latency_duration,
+                    workload: Workload::new().keyed(settings.keying).recent(recent),
+                },
+            );
+            system.stop();
+            if !app.check(&format!("  {}", peer.name()), &sent) {
+                println!("AN OUTPUT WAS NOT EXACTLY ONCE: stopping here (work dir kept)");
+                return false;
+            }
+            match result {
+                Ok(fig) => measured.latency.push((peer, fig)),
+                Err(failure) => {
+                    println!("  LATENCY RUN FAILED: {failure}");
+                    steady_state = false;
+                }
+            }
+            app.remove(topics);
+            topics.delete(&[input]);
+        }
+    }
+
+    // ---- recovery after kill -9 --------------------------------------------------------------
+    let mut correct = true;
+    for &keys in &settings.recovery_keys {
+        println!("recovery after kill -9 with {keys} keys in the store:");
+        let mut row = Vec::new();
+        for peer in Peer::RECOVERED {
+            // An input of its own per system (the same records each time): the live traffic and
+            // the records sent during one system's crash must not reach the next system.
+            let id = format!("{run}-rec{keys}-{}", peer.name());
+            let input = format!("{id}-in");
+            topics.create(&[&input]);
+            let loaded = produce_dataset(
+                &input,
+                keys,
+                Workload::with(0.0, "key").keyed(settings.keying),
+                RecordTime::Now,
+            );
+            // The full hour: nothing expires while the ids load.
+            let app = App::create(
+                topics,
+                work.path(),
+                peer,
+                &id,
+                &input,
+                settings.repartitions(),
+                RETENTION,
+            );
+            let (recovery, ok) = recover(settings, &app, &loaded, settings.keying);
+            correct &= ok;
+            row.push((peer, recovery));
+            app.remove(topics);
+            topics.delete(&[input]);
+        }
+        measured.recoveries.push((keys, row));
+    }
+
+    let table = table(&measured, settings);
+    table.print(settings.latency_percent);
+    table.write_csv(&settings.csv);
+    println!("CSV: {}", settings.csv.display());
+    println!("load average at end: {}", loadavg());
+    if !correct {
+        println!("AN OUTPUT WAS NOT EXACTLY ONCE AFTER A CRASH: see above (work dir kept)");
+    }
+    if !steady_state {
+        println!("A LATENCY RUN FOUND NO STEADY STATE: see above");
+    }
+    let passed = correct && steady_state;
+    if passed && std::env::var_os("BENCH_KEEP_WORK").is_none() {
+        let _ = std::fs::remove_dir_all(work.path());
+    }
+    passed
+}
+
+fn table(m: &Measured, settings: &Settings) -> Table {
+    let throughput = |f: fn(&Throughput) -> f64| {
+        move |peer: Peer| -> Vec<f64> {
+            m.throughput
+                .iter()
+                .filter(|(p, _)| *p == peer)
+                .map(|(_, t)| f(t))
+                .collect()
+        }
+    };
+    let latency = |f: fn(&Latency) -> f64| {
+        move |peer: Peer| -> Vec<f64> {
+            m.latency
+                .iter()
+                .filter(|(p, _)| *p == peer)
+                .map(|(_, l)| f(l))
+                .collect()
+        }
+    };
+    let pct = settings.latency_percent;
+    let mut rows = vec![
+        Row::new(
+            "throughput (steady window)",
+            "records/s",
+            Better::Higher,
+            throughput(|t| t.records_per_s),
+        ),
+        Row::new(
+            "CPU per 1M records",
+            "CPU s",
+            Better::Lower,
+            throughput(|t| t.cpu_s_per_million),
+        ),
+        Row::new(
+            "throughput per core",
+            "records/CPU s",
+            Better::Higher,
+            throughput(|t| 1e6 / t.cpu_s_per_million),
+        ),
+        Row::new(
+            "peak RSS",
+            "MiB",
+            Better::Lower,
+            throughput(|t| t.peak_rss_mib),
+        ),
+        Row::new(
+            "machine busy in the throughput window",
+            "cores",
+            Better::Neither,
+            throughput(|t| t.machine_busy_cores),
+        ),
+        Row::new(
+            format!("latency p50 at {pct}% of own max"),
+            "ms",
+            Better::Lower,
+            latency(|l| l.p50_ms),
+        ),
+        Row::new(
+            format!("latency p99 at {pct}% of own max"),
+            "ms",
+            Better::Lower,
+            latency(|l| l.p99_ms),
+        ),
+        Row::new(
+            "latency measured at",
+            "records/s",
+            Better::Neither,
+            latency(|l| l.rate as f64),
+        ),
+        Row::new(
+            "machine busy in the latency window",
+            "cores",
+            Better::Neither,
+            latency(|l| l.machine_busy_cores),
+        ),
+    ];
+    for (keys, runs) in &m.recoveries {
+        let keys = format_keys(*keys);
+        let recovery = |f: fn(&Recovery) -> f64| {
+            move |peer: Peer| -> Vec<f64> {
+                runs.iter()
+                    .filter(|(p, _)| *p == peer)
+                    .map(|(_, r)| f(r))
+                    .collect()
+            }
+        };
+        rows.push(Row::new(
+            format!("recovery {keys} keys: load"),
+            "s",
+            Better::Lower,
+            recovery(|r| r.load_s),
+        ));
+        rows.push(Row::new(
+            format!("recovery {keys} keys: first output"),
+            "s",
+            Better::Lower,
+            recovery(|r| r.first_output_s),
+        ));
+        rows.push(Row::new(
+            format!("recovery {keys} keys: caught up"),
+            "s",
+            Better::Lower,
+            recovery(|r| r.caught_up_s),
+        ));
+        rows.push(Row::new(
+            format!("recovery {keys} keys: records restored"),
+            "records",
+            Better::Lower,
+            recovery(|r| r.restored as f64),
+        ));
+    }
+    Table { rows }
+}

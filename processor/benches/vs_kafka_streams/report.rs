@@ -1,0 +1,273 @@
+//! The table, the goals and the CSV: the median of the runs per system and metric, the
+//! spread, and streamapp against the best Kafka Streams configuration.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::common::COMMIT_INTERVAL;
+use crate::systems::Peer;
+
+/// The median of a metric over the runs, and how far apart the runs were.
+#[derive(Clone, Copy, Debug)]
+pub struct Stats {
+    pub median: f64,
+    /// (max − min) / median, in %.
+    pub spread_pct: f64,
+    pub runs: usize,
+}
+
+impl Stats {
+    /// `None` when no run gave a figure.
+    pub fn of(values: &[f64]) -> Option<Stats> {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Some(Stats {
+            median,
+            spread_pct: 100.0 * (v[n - 1] - v[0]) / median.abs(),
+            runs: n,
+        })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Better {
+    Higher,
+    Lower,
+    /// Context, not a comparison (the rate a latency was measured at, the machine's load).
+    Neither,
+}
+
+/// One row: a metric, its unit, which way is better, and per system (in [`Peer::ALL`]'s
+/// order) its figure.
+pub struct Row {
+    pub metric: String,
+    pub unit: &'static str,
+    pub better: Better,
+    pub values: Vec<Option<Stats>>,
+}
+
+impl Row {
+    /// A row from each system's values over the runs (systems left out have none).
+    pub fn new(
+        metric: impl Into<String>,
+        unit: &'static str,
+        better: Better,
+        values: impl Fn(Peer) -> Vec<f64>,
+    ) -> Row {
+        Row {
+            metric: metric.into(),
+            unit,
+            better,
+            values: Peer::ALL.iter().map(|&p| Stats::of(&values(p))).collect(),
+        }
+    }
+
+    pub fn get(&self, peer: Peer) -> Option<f64> {
+        let i = Peer::ALL.iter().position(|&p| p == peer)?;
+        self.values[i].map(|s| s.median)
+    }
+
+    /// The best Kafka Streams configuration on this metric, and its figure.
+    pub fn best_kafka_streams(&self) -> Option<(Peer, f64)> {
+        let candidates = Peer::ALL
+            .into_iter()
+            .filter(|p| p.is_kafka_streams())
+            .filter_map(|p| Some((p, self.get(p)?)));
+        match self.better {
+            Better::Higher => candidates.max_by(|a, b| a.1.total_cmp(&b.1)),
+            Better::Lower => candidates.min_by(|a, b| a.1.total_cmp(&b.1)),
+            Better::Neither => None,
+        }
+    }
+
+    /// How many times better streamapp is than `theirs` (> 1: better).
+    pub fn advantage(&self, theirs: f64) -> Option<f64> {
+        let ours = self.get(Peer::Streamapp)?;
+        let a = match self.better {
+            Better::Higher => ours / theirs,
+            Better::Lower => theirs / ours,
+            Better::Neither => return None,
+        };
+        a.is_finite().then_some(a)
+    }
+
+    fn vs_best(&self) -> Option<(Peer, f64)> {
+        let (peer, best) = self.best_kafka_streams()?;
+        Some((peer, self.advantage(best)?))
+    }
+}
+
+pub struct Table {
+    pub rows: Vec<Row>,
+}
+
+fn number(x: f64) -> String {
+    if x.abs() >= 100.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+impl Table {
+    fn find(&self, metric: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.metric.starts_with(metric))
+    }
+
+    pub fn print(&self, latency_percent: u64) {
+        println!();
+        print!(
+            "{:<40} {:>13}",
+            "metric (median ±spread of the runs)", "unit"
+        );
+        for p in Peer::ALL {
+            print!(" {:>16}", p.name());
+        }
+        println!(" {:>12}  best KS config", "vs best KS");
+        for row in &self.rows {
+            print!("{:<40} {:>13}", row.metric, row.unit);
+            for v in &row.values {
+                let cell = match v {
+                    Some(s) if s.runs > 1 => format!("{} ±{:.0}%", number(s.median), s.spread_pct),
+                    Some(s) => number(s.median),
+                    None => "-".into(),
+                };
+                print!(" {cell:>16}");
+            }
+            match row.vs_best() {
+                Some((peer, a)) => println!(" {:>11.2}x  {}", a, peer.name()),
+                None => println!(" {:>12}", "-"),
+            }
+        }
+        println!(
+            "(vs best KS: how many times better streamapp is than the best Kafka Streams configuration on that metric — higher throughput, or lower CPU, latency, memory, time)"
+        );
+        self.print_goals(latency_percent);
+        println!();
+    }
+
+    /// The goals of issue 15, each said met or not (figures, never asserted).
+    fn print_goals(&self, latency_percent: u64) {
+        let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+        let goal = |metric: &str, what: &str, min: f64| {
+            if let Some((peer, a)) = self.find(metric).and_then(Row::vs_best) {
+                println!(
+                    "goal: {what}: {a:.2}x vs {} — {}",
+                    peer.name(),
+                    verdict(a >= min)
+                );
+            }
+        };
+        goal(
+            "CPU per 1M records",
+            "at least 3x fewer CPU s per 1M records",
+            3.0,
+        );
+        goal(
+            "throughput per core",
+            "at least 2x the throughput per core",
+            2.0,
+        );
+        if let Some(row) = self.find("throughput (")
+            && let (Some(ours), Some(copy)) = (row.get(Peer::Streamapp), row.get(Peer::Copy))
+        {
+            let share = ours / copy;
+            println!(
+                "goal: raw throughput at least 80% of the transactional copy's: {:.0}% — {}",
+                100.0 * share,
+                verdict(share >= 0.8)
+            );
+        }
+        if let Some(p99) = self
+            .find("latency p99")
+            .and_then(|r| r.get(Peer::Streamapp))
+        {
+            let bound = COMMIT_INTERVAL.as_secs_f64() * 1000.0 + 50.0;
+            println!(
+                "goal: p99 at half of the system's maximum at most {bound:.0} ms (commit interval + 50 ms): {p99:.0} ms at {latency_percent}% — {}",
+                if latency_percent == 50 {
+                    verdict(p99 <= bound)
+                } else {
+                    "not measured at 50%"
+                }
+            );
+        }
+        goal(
+            "peak RSS",
+            "peak RSS at most 1/4 of the Kafka Streams JVM's",
+            4.0,
+        );
+        for row in self.rows.iter().filter(|r| r.metric.ends_with(": load")) {
+            if let Some((peer, a)) = row.vs_best() {
+                println!(
+                    "goal: {} faster than Kafka Streams: {a:.2}x vs {} — {}",
+                    row.metric,
+                    peer.name(),
+                    verdict(a > 1.0)
+                );
+            }
+        }
+    }
+
+    pub fn write_csv(&self, path: &Path) {
+        let mut csv = String::from("metric,unit,higher_is_better");
+        for p in Peer::ALL {
+            let _ = write!(csv, ",{}", p.column());
+        }
+        for p in Peer::ALL {
+            let _ = write!(csv, ",{}_spread_pct", p.column());
+        }
+        csv.push_str(",best_ks,best_ks_config\n");
+        for row in &self.rows {
+            let better = match row.better {
+                Better::Higher => "true",
+                Better::Lower => "false",
+                Better::Neither => "none",
+            };
+            let _ = write!(csv, "{},{},{better}", row.metric, row.unit);
+            for v in &row.values {
+                let _ = write!(
+                    csv,
+                    ",{}",
+                    v.map_or(String::new(), |s| s.median.to_string())
+                );
+            }
+            for v in &row.values {
+                let _ = write!(
+                    csv,
+                    ",{}",
+                    v.map_or(String::new(), |s| s.spread_pct.to_string())
+                );
+            }
+            match row.best_kafka_streams() {
+                Some((peer, best)) => {
+                    let _ = writeln!(csv, ",{best},{}", peer.column());
+                }
+                None => csv.push_str(",,\n"),
+            }
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).expect("CSV folder");
+        }
+        std::fs::write(path, csv).expect("writing the CSV");
+    }
+}
+
+pub fn format_keys(keys: u64) -> String {
+    if keys.is_multiple_of(1_000_000) {
+        format!("{}M", keys / 1_000_000)
+    } else if keys.is_multiple_of(1_000) {
+        format!("{}k", keys / 1_000)
+    } else {
+        keys.to_string()
+    }
+}

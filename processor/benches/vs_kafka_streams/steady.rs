@@ -1,0 +1,285 @@
+//! Measurements in a steady state: throughput in a window of the run after a warm-up (the JVM
+//! compiled, the stores past their retention, so expiry runs), and latency at a fixed load
+//! after a warm-up that must leave no backlog.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::{BaseProducer, Producer};
+use testbed::kafka;
+
+use crate::common::*;
+
+/// The share of the input left out before the throughput window (warm-up: the JVM compiles
+/// the hot path, the stores fill past their retention) and where the window ends (the tail,
+/// where partitions finish one after the other, is left out too).
+pub const WINDOW: (f64, f64) = (0.4, 0.9);
+/// Latency: everything sent more than this long ago must have been committed through every
+/// stage when the window starts, or the system still has a backlog (10 commit intervals).
+pub const BACKLOG_GRACE: Duration = Duration::from_secs(1);
+/// Latency: how many times a warm-up that left a backlog is extended before the run fails.
+pub const MAX_REWARMS: u32 = 3;
+
+/// What the machine did meanwhile: CPU time of all processes, from /proc/stat.
+#[derive(Clone, Copy)]
+pub struct MachineCpu {
+    busy: u64,
+    total: u64,
+}
+
+impl MachineCpu {
+    pub fn now() -> Self {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        let total = ticks.iter().take(8).sum();
+        // idle and iowait
+        let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+        MachineCpu {
+            busy: total - idle,
+            total,
+        }
+    }
+
+    /// Cores busy on average since `earlier` (all processes: the system measured, the broker,
+    /// this driver, anything else).
+    pub fn busy_cores_since(&self, earlier: &MachineCpu) -> f64 {
+        let total = self.total.saturating_sub(earlier.total);
+        if total == 0 {
+            return f64::NAN;
+        }
+        self.busy.saturating_sub(earlier.busy) as f64 / total as f64 * cores() as f64
+    }
+}
+
+/// One throughput run of one system.
+#[derive(Clone, Copy)]
+pub struct Throughput {
+    pub records_per_s: f64,
+    pub cpu_s_per_million: f64,
+    pub peak_rss_mib: f64,
+    /// Cores the whole machine kept busy during the window.
+    pub machine_busy_cores: f64,
+}
+
+/// A point of a run: when, how far, and the CPU used so far.
+struct Mark {
+    at: Instant,
+    done: u64,
+    cpu_s: f64,
+    machine: MachineCpu,
+}
+
+/// Records/s and CPU of `system` consuming `total` records already in its input, measured
+/// between [`WINDOW`]'s marks of its progress through every stage; then waits until it has
+/// committed everything (not timed).
+pub fn measure_throughput(system: &mut System, total: u64) -> Throughput {
+    let watcher = system.offsets_watcher();
+    let pid = system.child.id();
+    system.wait_ready();
+    let mark = |done| Mark {
+        at: Instant::now(),
+        done,
+        cpu_s: cpu_seconds(pid),
+        machine: MachineCpu::now(),
+    };
+    let (from, to) = (
+        (total as f64 * WINDOW.0) as u64,
+        (total as f64 * WINDOW.1) as u64,
+    );
+    let mut start: Option<Mark> = None;
+    let mut last_move = (Instant::now(), 0);
+    let end = loop {
+        system.check_alive();
+        let done = system.progress(&watcher).done();
+        if start.is_none() && done >= from {
+            start = Some(mark(done));
+        }
+        if done >= to && start.is_some() {
+            break mark(done);
+        }
+        if done > last_move.1 {
+            last_move = (Instant::now(), done);
+        }
+        assert!(
+            last_move.0.elapsed() < STALL_TIMEOUT,
+            "{} made no progress for {STALL_TIMEOUT:?} at {done}/{total}:\n{}",
+            system.name,
+            log_tail(&system.log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let start = start.expect("set before the end");
+    system.wait_done(&watcher, total);
+    let (records, seconds) = (
+        end.done.saturating_sub(start.done) as f64,
+        end.at.duration_since(start.at).as_secs_f64(),
+    );
+    let cpu = end.cpu_s - start.cpu_s;
+    // A window too short to time (a tiny smoke run) gives no figure rather than a wrong one.
+    let timed = records > 0.0 && seconds > 0.0;
+    let fig = Throughput {
+        records_per_s: if timed { records / seconds } else { f64::NAN },
+        cpu_s_per_million: if timed { cpu / records * 1e6 } else { f64::NAN },
+        peak_rss_mib: peak_rss_mib(pid),
+        machine_busy_cores: end.machine.busy_cores_since(&start.machine),
+    };
+    println!(
+        "  {}: window {}..{} of {total}: {records:.0} records in {seconds:.1} s = {:.0} records/s; {cpu:.1} CPU s = {:.2} CPU s per 1M; peak RSS {:.0} MiB; machine busy {:.2} of {} cores, load {}",
+        system.name,
+        start.done,
+        end.done,
+        fig.records_per_s,
+        fig.cpu_s_per_million,
+        fig.peak_rss_mib,
+        fig.machine_busy_cores,
+        cores(),
+        loadavg()
+    );
+    fig
+}
+
+/// One latency run of one system.
+#[derive(Clone, Copy)]
+pub struct Latency {
+    pub rate: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub machine_busy_cores: f64,
+}
+
+/// What a latency run needs besides the system.
+pub struct LatencyRun<'a> {
+    pub output: &'a str,
+    pub rate: u64,
+    pub warmup: Duration,
+    pub window: Duration,
+    pub workload: Workload,
+}
+
+/// p50/p99 end-to-end latency of `system` at `run.rate` records/s: records are sent at the
+/// rate with their send time; after the warm-up, the system must have committed, through
+/// every stage, everything sent up to [`BACKLOG_GRACE`] ago — if not, the warm-up is extended
+/// (at most [`MAX_REWARMS`] times) and then the run fails (`Err`); the latencies of the
+/// records sent in the window that follows are measured: receive time of the output record
+/// under read_committed − send time. Returns the figures and what was sent (for the
+/// exactly-once check).
+pub fn measure_latency(
+    system: &mut System,
+    run: LatencyRun<'_>,
+) -> (Result<Latency, String>, Dataset) {
+    let LatencyRun {
+        output,
+        rate,
+        warmup,
+        window,
+        mut workload,
+    } = run;
+    let watcher = system.offsets_watcher();
+    let receiver = Receiver::start(output, None);
+    let producer: BaseProducer = kafka::client_config()
+        .set("linger.ms", "1")
+        .create()
+        .expect("producer");
+    let mut ids = std::collections::HashSet::new();
+    let mut warmup_until = warmup;
+    let mut rewarms = 0;
+    // When the window started (elapsed, µs since the epoch, machine CPU), once it has.
+    let mut window_start: Option<(Duration, i64, MachineCpu)> = None;
+    let mut failure = None;
+    let mut last_check = Duration::ZERO;
+    let name = system.name.clone();
+    let sent = send_paced_while(
+        &producer,
+        &system.input,
+        &mut workload,
+        rate,
+        |elapsed, sent| {
+            if let Some((started, ..)) = window_start {
+                if elapsed < started + window {
+                    return true;
+                }
+                // Not asserted (the latencies say it too), but said: whether it stayed steady.
+                let done = system.progress(&watcher).done();
+                println!(
+                    "  {name}: at the end of the window {} of {sent} sent not yet committed through every stage ({:.2} s of input)",
+                    sent.saturating_sub(done),
+                    sent.saturating_sub(done) as f64 / rate as f64
+                );
+                return false;
+            }
+            if elapsed < warmup_until || elapsed < last_check + Duration::from_millis(200) {
+                return true;
+            }
+            last_check = elapsed;
+            let due = (elapsed.saturating_sub(BACKLOG_GRACE).as_secs_f64() * rate as f64) as u64;
+            let done = system.progress(&watcher).done();
+            if done >= due.min(sent) {
+                window_start = Some((elapsed, now_us(), MachineCpu::now()));
+                println!(
+                    "  {name}: no backlog after {:.0} s of warm-up ({done} of {sent} sent committed); window starts",
+                    elapsed.as_secs_f64()
+                );
+                return true;
+            }
+            if rewarms == MAX_REWARMS {
+                failure = Some(format!(
+                    "{name}: still a backlog after {:.0} s of warm-up at {rate} records/s ({done} committed, {due} sent more than {BACKLOG_GRACE:?} ago): no steady state, no figure",
+                    elapsed.as_secs_f64()
+                ));
+                return false;
+            }
+            rewarms += 1;
+            warmup_until += warmup;
+            println!(
+                "  {name}: a backlog after {:.0} s of warm-up ({done} committed, {due} due): warming up {:.0} s more",
+                elapsed.as_secs_f64(),
+                warmup.as_secs_f64()
+            );
+            true
+        },
+        |id| {
+            ids.insert(id.into_bytes());
+        },
+    );
+    producer
+        .flush(Duration::from_secs(30))
+        .expect("flushing the latency input");
+    let machine_busy_cores = MachineCpu::now()
+        .busy_cores_since(&window_start.map_or_else(MachineCpu::now, |(_, _, machine)| machine));
+    let dataset = Dataset {
+        records: sent,
+        distinct: workload.distinct,
+        value_bytes: 0,
+        ids,
+    };
+    system.wait_done(&watcher, sent);
+    let from_us = window_start.map_or(i64::MAX, |(_, us, _)| us);
+    let mut latencies_us = receiver.finish(workload.distinct as usize, from_us);
+    if let Some(failure) = failure {
+        return (Err(failure), dataset);
+    }
+    latencies_us.sort_unstable();
+    let fig = Latency {
+        rate,
+        p50_ms: percentile(&latencies_us, 0.50) / 1000.0,
+        p99_ms: percentile(&latencies_us, 0.99) / 1000.0,
+        machine_busy_cores,
+    };
+    println!(
+        "  {name}: {rate} records/s, {sent} sent, {} output records in the window: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; machine busy {:.2} of {} cores, load {}",
+        latencies_us.len(),
+        fig.p50_ms,
+        fig.p99_ms,
+        latencies_us.last().copied().unwrap_or(0) as f64 / 1000.0,
+        fig.machine_busy_cores,
+        cores(),
+        loadavg()
+    );
+    (Ok(fig), dataset)
+}

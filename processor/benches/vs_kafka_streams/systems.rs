@@ -1,0 +1,274 @@
+//! The systems compared, and one application of one of them: its topics, its state directory,
+//! how it is started and how its output is checked.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use testbed::kafka::{self, Isolation};
+
+use crate::Settings;
+use crate::common::*;
+
+/// The Kafka Streams producer settings of the tuned configurations: the processor's linger
+/// (librdkafka's `linger.ms` as the processor sets it) and librdkafka's default batch size,
+/// which the processor uses.
+const KS_TUNED_LINGER_MS: u32 = 5;
+const KS_TUNED_BATCH_BYTES: u32 = 1_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// The real `streamapp-processor` binary, default RocksDB profile.
+    Streamapp,
+    /// The ceiling: a plain transactional copy, no dedup, no store.
+    Copy,
+    /// Kafka Streams as the topology is written, every setting at the library's default (the
+    /// producer lingers 100 ms under EOS, the store is not cached), a window store.
+    KsDefaults,
+    /// Kafka Streams tuned: window store, producer linger and batch size matched.
+    KsWindow,
+    /// Kafka Streams tuned: key-value store with point lookups, expiry by punctuation.
+    KsKeyValue,
+    /// `KsWindow` with KIP-892 transactional state stores (a crash no longer wipes the
+    /// store): measured in the recovery phase, where that is what differs.
+    KsWindowTxn,
+}
+
+impl Peer {
+    /// Throughput: every system, the copy as the ceiling.
+    pub const MEASURED: [Peer; 5] = [
+        Peer::Streamapp,
+        Peer::Copy,
+        Peer::KsDefaults,
+        Peer::KsWindow,
+        Peer::KsKeyValue,
+    ];
+    /// Latency: the dedup systems.
+    pub const LATENCY: [Peer; 4] = [
+        Peer::Streamapp,
+        Peer::KsDefaults,
+        Peer::KsWindow,
+        Peer::KsKeyValue,
+    ];
+    /// Recovery after kill -9: wipe-and-restore next to transactional stores.
+    pub const RECOVERED: [Peer; 3] = [Peer::Streamapp, Peer::KsWindow, Peer::KsWindowTxn];
+    /// Every column of the table and the CSV.
+    pub const ALL: [Peer; 6] = [
+        Peer::Streamapp,
+        Peer::Copy,
+        Peer::KsDefaults,
+        Peer::KsWindow,
+        Peer::KsKeyValue,
+        Peer::KsWindowTxn,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Streamapp => "streamapp",
+            Peer::Copy => "copy",
+            Peer::KsDefaults => "ks-defaults",
+            Peer::KsWindow => "ks-window",
+            Peer::KsKeyValue => "ks-kv",
+            Peer::KsWindowTxn => "ks-window-txn",
+        }
+    }
+
+    /// The CSV column.
+    pub fn column(self) -> String {
+        self.name().replace('-', "_")
+    }
+
+    pub fn is_kafka_streams(self) -> bool {
+        !matches!(self, Peer::Streamapp | Peer::Copy)
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Peer::Streamapp => "streamapp-processor, default RocksDB profile",
+            Peer::Copy => "plain transactional copy, no store (the ceiling)",
+            Peer::KsDefaults => "Kafka Streams, library defaults, window store",
+            Peer::KsWindow => "Kafka Streams tuned, window store (range fetch)",
+            Peer::KsKeyValue => "Kafka Streams tuned, key-value store (point lookup)",
+            Peer::KsWindowTxn => "Kafka Streams tuned, window store, transactional stores",
+        }
+    }
+
+    /// The peer's command-line settings for this configuration.
+    fn kafka_streams_args(self, settings: &Settings) -> Vec<String> {
+        let tuned = [
+            format!("linger-ms={KS_TUNED_LINGER_MS}"),
+            format!("batch-size={KS_TUNED_BATCH_BYTES}"),
+            format!("cache-bytes={}", settings.ks_cache_bytes),
+        ];
+        let (store, tuned, txn) = match self {
+            Peer::KsDefaults => ("window", &[][..], false),
+            Peer::KsWindow => ("window", &tuned[..], false),
+            Peer::KsKeyValue => ("kv", &tuned[..], false),
+            Peer::KsWindowTxn => ("window", &tuned[..], true),
+            Peer::Streamapp | Peer::Copy => unreachable!("not Kafka Streams"),
+        };
+        let mut args = vec![
+            format!("store={store}"),
+            format!("transactional-stores={txn}"),
+        ];
+        args.extend(tuned.iter().cloned());
+        args
+    }
+}
+
+/// One application of one system: its topics and state directory.
+pub struct App {
+    pub peer: Peer,
+    pub id: String,
+    pub input: String,
+    pub output: String,
+    pub duplicates: String,
+    pub repartition: Option<String>,
+    pub retention: std::time::Duration,
+    pub dir: PathBuf,
+    /// Every topic of this application (not its input), to delete when it is done.
+    pub topics: Vec<String>,
+    /// The processor's own configuration (streamapp only).
+    processor: Option<DedupApp>,
+}
+
+impl App {
+    /// Creates the topics of a new application of `peer` reading `input`. `repartition`: the
+    /// input is not keyed by the id, so the system re-keys it through a repartition topic.
+    pub fn create(
+        topics: &mut Topics<'_>,
+        work: &Path,
+        peer: Peer,
+        id: &str,
+        input: &str,
+        repartition: bool,
+        retention: std::time::Duration,
+    ) -> App {
+        let before = topics.created.len();
+        let dir = work.join(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut app = App {
+            peer,
+            id: id.into(),
+            input: input.into(),
+            output: format!("{id}-out"),
+            duplicates: format!("{id}-dups"),
+            repartition: None,
+            retention,
+            dir,
+            topics: Vec::new(),
+            processor: None,
+        };
+        match peer {
+            Peer::Streamapp => {
+                let options = ProcessorOptions {
+                    repartition,
+                    retention,
+                };
+                let processor = DedupApp::create(topics, work, id, input, &options);
+                app.output = processor.output.clone();
+                app.duplicates = processor.duplicates.clone();
+                app.repartition = processor.repartition.clone();
+                app.processor = Some(processor);
+            }
+            Peer::Copy => topics.create(&[&app.output]),
+            _ => {
+                topics.create(&[&app.output, &app.duplicates]);
+                // Kafka Streams creates these; listed so that they are deleted with the rest.
+                topics.created.push(format!("{id}-dedup-store-changelog"));
+                if repartition {
+                    let internal = format!("{id}-dedup-repartition");
+                    topics.created.push(internal.clone());
+                    app.repartition = Some(internal);
+                }
+            }
+        }
+        app.topics = topics.created[before..].to_vec();
+        app
+    }
+
+    /// Starts (or restarts, on the same state directory) the system's process.
+    pub fn start(&self, settings: &Settings) -> System {
+        if let Some(processor) = &self.processor {
+            return processor.start();
+        }
+        if self.peer == Peer::Copy {
+            return copy::start_copy(
+                self.dir.parent().expect("work dir"),
+                &self.id,
+                &self.input,
+                &self.output,
+            );
+        }
+        let mut command = Command::new(&settings.java);
+        command
+            .args(&settings.java_opts)
+            .arg("-cp")
+            .arg(&settings.ks_classpath)
+            .arg("dev.streamapp.bench.DedupApp")
+            .arg(format!("bootstrap={}", kafka::bootstrap()))
+            .arg(format!("application-id={}", self.id))
+            .arg(format!("input={}", self.input))
+            .arg(format!("output={}", self.output))
+            .arg(format!("duplicates={}", self.duplicates))
+            .arg(format!("state-dir={}", self.dir.join("state").display()))
+            .arg(format!("retention-ms={}", self.retention.as_millis()))
+            .arg(format!("repartition={}", self.repartition.is_some()))
+            .args(self.peer.kafka_streams_args(settings))
+            .arg("group-instance-id=bench-0")
+            .arg(format!("ready-file={}", self.dir.join("ready").display()));
+        let mut system = System::start_peer(
+            self.peer.name(),
+            command,
+            &self.id,
+            &self.input,
+            self.dir.join("ready"),
+            self.dir.join("app.log"),
+        );
+        system.repartition = self.repartition.clone();
+        system
+    }
+
+    /// Exactly once: a dedup system's committed output holds every id of `dataset` once and
+    /// nothing else, its duplicates topic every repeat; the copy's output every input record.
+    pub fn check(&self, label: &str, dataset: &Dataset) -> bool {
+        if self.peer != Peer::Copy {
+            return check_dedup_output(label, &self.output, &self.duplicates, dataset);
+        }
+        let copied = kafka::read_all(&self.output, Isolation::ReadCommitted, |_| {}) as u64;
+        let correct = copied == dataset.records;
+        println!(
+            "{label} output: {copied} records (input {}) — every record exactly once: {}",
+            dataset.records,
+            if correct { "yes" } else { "NO" }
+        );
+        correct
+    }
+
+    /// Changelog records the latest start restored: the processor's metric, or the sum of the
+    /// Kafka Streams peer's "restored" lines since its last start.
+    pub fn restored(&self, system: &System) -> u64 {
+        if self.processor.is_some() {
+            return system.processor_metrics()("restore_records_total") as u64;
+        }
+        let log = std::fs::read_to_string(&system.log).unwrap_or_default();
+        let since_start = log
+            .rsplit_once(" state CREATED -> ")
+            .map_or(log.as_str(), |(_, after)| after);
+        since_start
+            .lines()
+            .filter_map(|l| {
+                let rest = l.split_once(" restored ")?.1;
+                rest.split_whitespace().nth(1)?.parse::<u64>().ok()
+            })
+            .sum()
+    }
+
+    /// Deletes the application's topics and, unless BENCH_KEEP_WORK is set, its state
+    /// directory (a multi-million-id store is large; the next system gets the disk).
+    pub fn remove(&self, topics: &mut Topics<'_>) {
+        topics.delete(&self.topics);
+        if std::env::var_os("BENCH_KEEP_WORK").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
