@@ -342,8 +342,9 @@ impl Engine {
         detail: &str,
         metadata_only: bool,
     ) -> Result<(), RecordError> {
+        let source = record.source();
         warn!(
-            source = %record.source,
+            source = %source,
             reason,
             detail,
             "record to the dead-letter topic"
@@ -364,7 +365,7 @@ impl Engine {
             })
             .insert(Header {
                 key: topology::DLQ_SOURCE_HEADER,
-                value: Some(&record.source),
+                value: Some(&source),
             })
             .insert(Header {
                 key: topology::DLQ_ERROR_HEADER,
@@ -398,7 +399,7 @@ impl Engine {
             txn.dead_letters.push(DeadLetterNote {
                 at_ms: now_ms(),
                 reason: reason.to_string(),
-                source: record.source.clone(),
+                source,
                 detail: detail.to_string(),
             });
         }
@@ -484,8 +485,9 @@ pub(super) struct Consumed<'a> {
     repartitioned: bool,
     /// The record's time (the producer's clock when it has none).
     pub time: i64,
-    /// `topic/partition/offset` of the input record.
-    pub source: String,
+    topic: &'a str,
+    /// `topic/partition/offset` of the input record, as a repartition record carries it.
+    carried_source: Option<&'a str>,
 }
 
 impl<'a> Consumed<'a> {
@@ -493,18 +495,14 @@ impl<'a> Consumed<'a> {
         let headers = m.headers();
         let find = |name: &str| headers.and_then(|h| h.iter().find(|x| x.key == name));
         let repartitioned = repartitioning && stage == Stage::Dedup;
-        let own_source = || format!("{}/{}/{}", m.topic(), m.partition(), m.offset());
-        let (id, key, source) = if repartitioned {
-            let source = find(repartition::SOURCE_HEADER)
-                .and_then(|h| std::str::from_utf8(h.value?).ok().map(str::to_string))
-                .unwrap_or_else(own_source);
+        let (id, key, carried_source) = if repartitioned {
             (
                 m.key(),
                 find(repartition::KEY_HEADER).and_then(|h| h.value),
-                source,
+                find(repartition::SOURCE_HEADER).and_then(|h| std::str::from_utf8(h.value?).ok()),
             )
         } else {
-            (None, m.key(), own_source())
+            (None, m.key(), None)
         };
         Consumed {
             stage,
@@ -516,7 +514,17 @@ impl<'a> Consumed<'a> {
             headers,
             repartitioned,
             time: m.timestamp().to_millis().unwrap_or_else(now_ms),
-            source,
+            topic: m.topic(),
+            carried_source,
+        }
+    }
+
+    /// `topic/partition/offset` of the input record (built when asked for: a dead letter, a
+    /// repartition record).
+    pub fn source(&self) -> String {
+        match self.carried_source {
+            Some(s) => s.to_string(),
+            None => format!("{}/{}/{}", self.topic, self.partition, self.offset),
         }
     }
 

@@ -40,6 +40,7 @@ impl Engine {
             .repartition_topic
             .clone()
             .expect("the route stage runs only when repartitioning");
+        let source = record.source();
         let headers = record
             .copy_headers()
             .insert(Header {
@@ -48,7 +49,7 @@ impl Engine {
             })
             .insert(Header {
                 key: repartition::SOURCE_HEADER,
-                value: Some(&record.source),
+                value: Some(&source),
             });
         self.send(
             Outgoing {
