@@ -479,8 +479,9 @@ pub struct StreamAppStatus {
     pub lag_seconds: Option<i64>,
     /// When the topology repartitions (`topology.repartition`): records the route stage wrote
     /// to the repartition topic that the dedup stage has not committed yet (the second stage's
-    /// lag; `lag` is the first's). Counted in offsets, so the commit markers of the route
-    /// stage's transactions count too: up to one per partition when nothing waits.
+    /// lag; `lag` is the first's). Counted in offsets, so the markers of the route stage's
+    /// transactions that follow the last record count too: when nothing waits, up to one per
+    /// partition for each pod whose route stage wrote to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repartition_lag: Option<i64>,
     /// Partitions of the input topic, as the operator last read them.
