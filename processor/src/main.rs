@@ -294,6 +294,8 @@ fn run(args: RunArgs) -> ExitCode {
         });
         ExitCode::from(code)
     };
+    // A refusal (the configuration or the topics must change) or Kafka not answering.
+    let exit_code = |refusal: bool| if refusal { EXIT_CONFIG } else { EXIT_FAILED };
     let input_partitions = match runtime.block_on(changelog::ensure(
         &client,
         &config.topology.input_topic,
@@ -301,14 +303,7 @@ fn run(args: RunArgs) -> ExitCode {
         topology.retention,
     )) {
         Ok(n) => n,
-        Err(e) => {
-            let code = if e.is_refusal() {
-                EXIT_CONFIG
-            } else {
-                EXIT_FAILED
-            };
-            return fail_start(&e, code);
-        }
+        Err(e) => return fail_start(&e, exit_code(e.is_refusal())),
     };
     shared.beat();
     let repartition_topic = config.repartition_topic();
@@ -320,12 +315,7 @@ fn run(args: RunArgs) -> ExitCode {
             topic,
         ))
     {
-        let code = if e.is_refusal() {
-            EXIT_CONFIG
-        } else {
-            EXIT_FAILED
-        };
-        return fail_start(&e, code);
+        return fail_start(&e, exit_code(e.is_refusal()));
     }
     shared.beat();
     let mut written = vec![
@@ -358,14 +348,7 @@ fn run(args: RunArgs) -> ExitCode {
             client.set("batch.size", batch.to_string());
         }
         Ok(_) => {}
-        Err(e) => {
-            let code = if e.is_refusal() {
-                EXIT_CONFIG
-            } else {
-                EXIT_FAILED
-            };
-            return fail_start(&e, code);
-        }
+        Err(e) => return fail_start(&e, exit_code(e.is_refusal())),
     }
     shared.beat();
     let engine_config = EngineConfig {

@@ -160,6 +160,14 @@ pub fn read_all(
 
 /// The end offset (high watermark) of every partition of `topic`, in partition order.
 pub fn end_offsets(topic: &str) -> Vec<i64> {
+    watermarks(topic)
+        .into_iter()
+        .map(|(_, high)| high)
+        .collect()
+}
+
+/// The (low, high) watermarks of every partition of `topic`, in partition order.
+fn watermarks(topic: &str) -> Vec<(i64, i64)> {
     let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
@@ -171,7 +179,7 @@ pub fn end_offsets(topic: &str) -> Vec<i64> {
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
             loop {
                 match consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
-                    Ok((_, high)) => break high,
+                    Ok(marks) => break marks,
                     Err(e) if std::time::Instant::now() < deadline => {
                         tracing::debug!(topic, partition = p, error = %e, "watermarks: retrying");
                         std::thread::sleep(Duration::from_millis(200));
@@ -266,19 +274,7 @@ pub fn wait_for_group_read_everything(group: &str, topic: &str, timeout: Duratio
 /// The start offset (low watermark) of every partition of `topic`, in partition order: where
 /// records before it were deleted (retention, or a delete-records request).
 pub fn start_offsets(topic: &str) -> Vec<i64> {
-    let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("topic metadata");
-    let partitions = metadata.topics()[0].partitions().len() as i32;
-    (0..partitions)
-        .map(|p| {
-            consumer
-                .fetch_watermarks(topic, p, Duration::from_secs(10))
-                .unwrap_or_else(|e| panic!("watermarks of {topic}/{p}: {e}"))
-                .0
-        })
-        .collect()
+    watermarks(topic).into_iter().map(|(low, _)| low).collect()
 }
 
 /// Waits until consumer group `group` has committed the end of every partition of `topic`:

@@ -23,7 +23,7 @@ use crate::record_attempts::{FailureKind, Failures, RecordAttempts, Verdict};
 use crate::repartition;
 use crate::shared::now_ms;
 use crate::store::StoreError;
-use crate::topology::{self, RecordView};
+use crate::topology::{self, RecordView, Rejection};
 
 /// Longest part of an error message put into a dead letter's header.
 const DLQ_ERROR_MAX: usize = 1024;
@@ -219,7 +219,10 @@ impl Engine {
         Ok(())
     }
 
-    fn process_record(&mut self, p: i32, record: &Consumed<'_>) -> Result<(), RecordError> {
+    /// The record's dedup id, or why it cannot be processed: the id (the key of a repartition
+    /// record, else where `topology.dedupId` says), and a time not too far ahead. Both stages
+    /// ask this first; a rejection becomes a dead letter.
+    pub(super) fn admit(&self, record: &Consumed<'_>) -> Result<Vec<u8>, Rejection> {
         let id = match record.id {
             Some(id) => id.to_vec(),
             None => {
@@ -229,24 +232,32 @@ impl Engine {
                     value: record.value,
                     header: &header,
                 };
-                match topology::extract_id(&view, &self.cfg.dedup_id, self.cfg.max_value_bytes) {
-                    Ok(id) => id,
-                    Err(rejection) => {
-                        return self.dead_letter(
-                            record,
-                            rejection.code(),
-                            &rejection.detail(),
-                            rejection.metadata_only(),
-                        );
-                    }
-                }
+                topology::extract_id(&view, &self.cfg.dedup_id, self.cfg.max_value_bytes)?
             }
         };
-        if let Err(rejection) =
-            topology::check_time(record.time, now_ms(), self.cfg.max_skew.as_millis() as i64)
-        {
-            return self.dead_letter(record, rejection.code(), &rejection.detail(), false);
-        }
+        topology::check_time(record.time, now_ms(), self.cfg.max_skew.as_millis() as i64)?;
+        Ok(id)
+    }
+
+    /// Sends a record the topology refused to the dead-letter topic, saying why.
+    pub(super) fn refuse(
+        &mut self,
+        record: &Consumed<'_>,
+        rejection: &Rejection,
+    ) -> Result<(), RecordError> {
+        self.dead_letter(
+            record,
+            rejection.code(),
+            &rejection.detail(),
+            rejection.metadata_only(),
+        )
+    }
+
+    fn process_record(&mut self, p: i32, record: &Consumed<'_>) -> Result<(), RecordError> {
+        let id = match self.admit(record) {
+            Ok(id) => id,
+            Err(rejection) => return self.refuse(record, &rejection),
+        };
         if self.cfg.check_keying
             && record.key != Some(id.as_slice())
             && let Some(txn) = self.txn.as_mut()

@@ -8,33 +8,13 @@ use rdkafka::message::Header;
 use super::Engine;
 use super::processing::{Consumed, Outgoing, RecordError};
 use crate::repartition;
-use crate::shared::now_ms;
-use crate::topology::{self, RecordView};
 
 impl Engine {
     pub(super) fn route_record(&mut self, record: &Consumed<'_>) -> Result<(), RecordError> {
-        let header = |name: &str| record.header(name);
-        let view = RecordView {
-            key: record.key,
-            value: record.value,
-            header: &header,
-        };
-        let id = match topology::extract_id(&view, &self.cfg.dedup_id, self.cfg.max_value_bytes) {
+        let id = match self.admit(record) {
             Ok(id) => id,
-            Err(rejection) => {
-                return self.dead_letter(
-                    record,
-                    rejection.code(),
-                    &rejection.detail(),
-                    rejection.metadata_only(),
-                );
-            }
+            Err(rejection) => return self.refuse(record, &rejection),
         };
-        if let Err(rejection) =
-            topology::check_time(record.time, now_ms(), self.cfg.max_skew.as_millis() as i64)
-        {
-            return self.dead_letter(record, rejection.code(), &rejection.detail(), false);
-        }
         let topic = self
             .cfg
             .repartition_topic
