@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Starts or stops the local single-node Apache Kafka (KRaft: combined broker + controller).
 #   dev/kafka.sh start|stop|status
+#   dev/kafka.sh tool <class> <args...>   one of Kafka's command-line tools against the broker,
+#                                          e.g. org.apache.kafka.tools.TransactionsCommand
 # Data, config and the log live in $STREAMAPP_RUN/kafka. The broker runs in the test bed's network
 # namespace (dev/net.sh) with two listeners: 127.0.0.1:$KAFKA_PORT (its loopback: tests, tools,
 # and this machine's loopback through the relay) and $NODE_IP:$KAFKA_POD_PORT for the pods.
@@ -93,5 +95,13 @@ case "${1:-}" in
   start) start ;;
   stop) stop_pid kafka "$pidfile" ;;
   status) pid_alive "$pidfile" && echo "kafka running (pid $(cat "$pidfile"))" || echo "kafka stopped" ;;
-  *) die "usage: $0 start|stop|status" ;;
+  tool)
+    shift
+    [ $# -ge 1 ] || die "usage: $0 tool <class> <args...>"
+    class="$1"
+    shift
+    exec java -Xmx256m -Djava.awt.headless=true -Dlog4j2.configurationFile="$dir/log4j2.properties" \
+      -cp "$KAFKA_HOME/libs/*" "$class" --bootstrap-server "127.0.0.1:$KAFKA_PORT" "$@"
+    ;;
+  *) die "usage: $0 start|stop|status|tool <class> <args...>" ;;
 esac

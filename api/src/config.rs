@@ -195,6 +195,27 @@ pub struct RocksDbTuning {
     /// Write-ahead log settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal: Option<WalTuning>,
+    /// The background checksum scan of every store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<VerificationTuning>,
+}
+
+/// The background verifier reads every key of a store with checksums verified, off the
+/// processing thread and at a bounded rate: after an unclean stop (the store is used at once,
+/// its tail replayed; the scan runs meanwhile) and again every `intervalSeconds`. Damage it
+/// finds quarantines the store and rebuilds it from the changelog.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VerificationTuning {
+    /// Seconds between two scans of the same open store (0: only after an unclean stop).
+    /// Default 86400 (a day).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub interval_seconds: Option<i64>,
+    /// Keys read per second at most, over all stores of the pod. Default 500000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1000))]
+    pub keys_per_second: Option<i64>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -294,6 +315,10 @@ pub struct ResolvedRocksDb {
     pub wal_size_limit_mb: u64,
     pub wal_max_total_bytes: u64,
     pub wal_sync_on_commit: bool,
+    /// Seconds between background scans of an open store; 0: only after an unclean stop.
+    pub verify_interval_seconds: u64,
+    /// Keys the background verifier reads per second at most.
+    pub verify_keys_per_second: u64,
 }
 
 impl ResolvedRocksDb {
@@ -318,6 +343,8 @@ impl ResolvedRocksDb {
             wal_size_limit_mb: 0,
             wal_max_total_bytes: 64 * MI,
             wal_sync_on_commit: true,
+            verify_interval_seconds: 24 * 3600,
+            verify_keys_per_second: 500_000,
         };
         match profile {
             RocksDbProfile::Balanced => balanced,
@@ -428,6 +455,27 @@ impl RocksDbTuning {
             )?;
             if let Some(v) = wal.sync_on_commit {
                 r.wal_sync_on_commit = v;
+            }
+        }
+        if let Some(v) = &self.verification {
+            if let Some(n) = v.interval_seconds {
+                r.verify_interval_seconds = u64::try_from(n).map_err(|_| {
+                    ConfigError::field(
+                        "rocksdb.verification.intervalSeconds",
+                        "must not be negative",
+                    )
+                })?;
+            }
+            if let Some(n) = v.keys_per_second {
+                r.verify_keys_per_second = u64::try_from(n)
+                    .ok()
+                    .filter(|&n| n >= 1000)
+                    .ok_or_else(|| {
+                        ConfigError::field(
+                            "rocksdb.verification.keysPerSecond",
+                            "must be at least 1000",
+                        )
+                    })?;
             }
         }
         if r.compaction_style == CompactionStyle::Fifo {
@@ -908,6 +956,29 @@ mod tests {
             };
             assert_eq!(tuning.resolve().unwrap().compaction_style, allowed);
         }
+    }
+
+    #[test]
+    fn verification_defaults_to_daily_at_half_a_million_keys_a_second_and_refuses_nonsense() {
+        let r = RocksDbTuning::default().resolve().unwrap();
+        assert_eq!(r.verify_interval_seconds, 86_400);
+        assert_eq!(r.verify_keys_per_second, 500_000);
+        let tuning = |interval_seconds, keys_per_second| RocksDbTuning {
+            verification: Some(VerificationTuning {
+                interval_seconds,
+                keys_per_second,
+            }),
+            ..Default::default()
+        };
+        let r = tuning(Some(0), Some(2000)).resolve().unwrap();
+        assert_eq!(
+            (r.verify_interval_seconds, r.verify_keys_per_second),
+            (0, 2000)
+        );
+        let e = tuning(Some(-1), None).resolve().unwrap_err();
+        assert_eq!(e.field, "rocksdb.verification.intervalSeconds");
+        let e = tuning(None, Some(10)).resolve().unwrap_err();
+        assert_eq!(e.field, "rocksdb.verification.keysPerSecond");
     }
 
     #[test]

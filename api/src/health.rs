@@ -211,6 +211,34 @@ pub struct TaskHealth {
     /// Quarantines of this task's store, newest last (bounded).
     #[serde(default)]
     pub quarantines: Vec<Quarantine>,
+    /// The background checksum scan of the open store: the one running, or the last one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<StoreVerification>,
+}
+
+/// A background checksum scan of a store (every key read with checksums verified).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreVerification {
+    pub reason: VerificationReason,
+    pub started_at_ms: i64,
+    /// Set once every key was read and found intact. Damage quarantines the store instead
+    /// (see `quarantines`), and its rebuilt successor starts without a verification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<i64>,
+    /// Keys read (when finished).
+    #[serde(default)]
+    pub keys: u64,
+}
+
+/// Why a store is scanned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VerificationReason {
+    /// It was opened after an unclean stop (kill -9, a node crash): it is used at once and
+    /// scanned meanwhile.
+    UncleanShutdown,
+    /// The periodic scan (`rocksdb.verification.intervalSeconds`).
+    Periodic,
 }
 
 /// Changelog replay into a store.

@@ -23,6 +23,11 @@ pub struct StageLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -52,6 +57,7 @@ pub struct Metrics {
     pub records_repartitioned: Counter,
     pub miskeyed_records: Counter,
     pub stage_lag: Family<StageLabel, Gauge>,
+    pub store_verifications: Family<OutcomeLabel, Counter>,
 }
 
 impl Metrics {
@@ -76,6 +82,7 @@ impl Metrics {
             store_backoffs: Family::default(),
             tasks_backing_off: Family::default(),
             stage_lag: Family::default(),
+            store_verifications: Family::default(),
             transaction_timeouts: Counter::default(),
             records_repartitioned: Counter::default(),
             miskeyed_records: Counter::default(),
@@ -191,7 +198,18 @@ impl Metrics {
             "Records not yet processed on the partitions this process owns, by stage (route: the input when repartitioning; dedup: the topic the dedup stage reads)",
             m.stage_lag.clone(),
         );
+        r.register(
+            "store_verifications",
+            "Background checksum scans of stores that ended, by outcome (passed; damaged: the store was quarantined and rebuilt; unavailable: an I/O error backed it off)",
+            m.store_verifications.clone(),
+        );
         m
+    }
+
+    pub fn outcome(outcome: &str) -> OutcomeLabel {
+        OutcomeLabel {
+            outcome: outcome.to_string(),
+        }
     }
 
     pub fn stage(stage: &str) -> StageLabel {

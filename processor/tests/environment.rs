@@ -311,3 +311,40 @@ async fn processors_recover_by_themselves_from_a_broker_crash_and_exactly_once_h
     assert!(counts(&output).values().all(|&n| n == 1));
     assert_eq!(app.read(&app.duplicates).len(), 200, "nothing lost");
 }
+
+/// A dead instance's open transaction holds back the restore of its tasks (and read_committed
+/// readers of its outputs) until the coordinator aborts it: the processor asks for 10 s, as
+/// Kafka Streams does under exactly-once, unless the user sets `transaction.timeout.ms`.
+#[tokio::test(flavor = "multi_thread")]
+async fn transactions_time_out_after_10_s_unless_the_user_sets_another_timeout() {
+    let _serial = serial().await;
+    let mut app = App::create(
+        "txntimeout",
+        AppOptions {
+            partitions: 1,
+            ..Default::default()
+        },
+    )
+    .await;
+    app.rewrite_config(|c| {
+        c["kafka"]["properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("transaction.timeout.ms");
+    });
+    let mut p = app.start("pod-0");
+    p.wait_ready(MINUTE);
+    assert_eq!(
+        testbed::kafka::transaction_timeout_ms(&format!("{}-pod-0", app.id)),
+        10_000
+    );
+    p.kill9();
+    app.rewrite_config(|c| c["kafka"]["properties"]["transaction.timeout.ms"] = "25000".into());
+    let mut p = app.start("pod-1");
+    p.wait_ready(MINUTE);
+    assert_eq!(
+        testbed::kafka::transaction_timeout_ms(&format!("{}-pod-1", app.id)),
+        25_000
+    );
+    p.kill9();
+}

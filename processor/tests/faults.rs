@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{App, AppOptions, Input, counts, inspect, now_ms, serial, wait_for_log};
 use rand::RngExt;
-use streamapp_api::health::StoreOpen;
+use streamapp_api::health::{StoreOpen, TaskState, VerificationReason};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -249,10 +249,100 @@ async fn kill_9_while_a_store_is_suspended_is_reported_as_an_unclean_shutdown() 
             t.partition
         );
     }
-    assert!(
-        a.log_text()
-            .contains("store verified after an unclean shutdown")
+    // Used at once, scanned for damage in the background.
+    let health = a.wait_health("the background verification", MINUTE, |h| {
+        h.tasks.iter().all(|t| {
+            t.verification
+                .as_ref()
+                .is_some_and(|v| v.finished_at_ms.is_some())
+        })
+    });
+    for t in &health.tasks {
+        let v = t.verification.as_ref().unwrap();
+        assert_eq!(v.reason, VerificationReason::UncleanShutdown);
+        assert!(v.keys > 0, "partition {}: {v:?}", t.partition);
+    }
+    assert!(a.log_text().contains("store verified in the background"));
+}
+
+/// Recovery after kill -9 does not read the whole store first: the store is used as soon as
+/// its tail is replayed, and its checksum scan runs in the background, paced (here 1000 keys a
+/// second for ~30,000 keys: half a minute), then again every interval.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_kill_9_the_store_serves_at_once_while_its_checksum_scan_runs_in_the_background() {
+    let _serial = serial().await;
+    let app = App::create(
+        "bgverify",
+        AppOptions {
+            partitions: 1,
+            rocksdb: serde_json::json!({
+                "profile": "LowMemory",
+                "verification": { "keysPerSecond": 1000, "intervalSeconds": 5 },
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    let t0 = now_ms();
+    let ids = |prefix: &str, n: i64| -> Vec<Input> {
+        (0..n)
+            .map(|i| Input::cmd(&format!("{prefix}-{i}"), t0 + i))
+            .collect()
+    };
+    let mut p = app.start("pod-0");
+    p.wait_ready(MINUTE);
+    app.produce(&ids("v", 15_000));
+    app.wait_until_processed(2 * MINUTE);
+    p.kill9();
+
+    let mut p = app.start("pod-0");
+    p.wait_ready(MINUTE);
+    app.produce(&[Input::cmd("after-the-crash", t0 + 20_000)]);
+    app.wait_for_records(&app.output, 15_001, MINUTE);
+    // The new id is out, and the scan of the store it was checked against is still running.
+    let health = p.health();
+    let task = &health.tasks[0];
+    assert_eq!(task.opened, Some(StoreOpen::ReplayedTail));
+    let v = task.verification.as_ref().expect("a scan started");
+    assert_eq!(v.reason, VerificationReason::UncleanShutdown);
+    assert_eq!(
+        v.finished_at_ms, None,
+        "processing did not wait for the scan: {v:?}"
     );
+
+    let health = p.wait_health("the scan to pass", 2 * MINUTE, |h| {
+        h.tasks[0]
+            .verification
+            .as_ref()
+            .is_some_and(|v| v.finished_at_ms.is_some())
+    });
+    let v = health.tasks[0].verification.clone().unwrap();
+    assert!(v.keys >= 30_000, "every key read: {v:?}");
+    let took = v.finished_at_ms.unwrap() - v.started_at_ms;
+    assert!(
+        took >= 25_000,
+        "paced at 1000 keys a second: {took} ms for {} keys",
+        v.keys
+    );
+    assert_eq!(
+        p.metric(r#"streamapp_processor_store_verifications_total{outcome="passed"}"#),
+        Some(1.0)
+    );
+    // Five seconds later the periodic scan of the same store begins.
+    let health = p.wait_health("the periodic scan", MINUTE, |h| {
+        h.tasks[0]
+            .verification
+            .as_ref()
+            .is_some_and(|v| v.reason == VerificationReason::Periodic)
+    });
+    assert!(health.tasks[0].quarantines.is_empty());
+    // Exactly once across the crash.
+    app.produce(&ids("v", 15_000));
+    app.wait_until_processed(2 * MINUTE);
+    let output = app.read(&app.output);
+    assert_eq!(output.len(), 15_001);
+    assert!(counts(&output).values().all(|&n| n == 1));
+    p.kill9();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -514,8 +604,9 @@ fn expected_open(mode: &str, damage: Damage) -> StoreOpen {
         // nothing.
         (Damage::FlipWalBytes, "PointInTime") => StoreOpen::ReplayedTail,
         (Damage::FlipWalBytes, _) => StoreOpen::Rebuilt,
-        // SST damage is no WAL matter: the full read after an unclean stop finds the checksum
-        // mismatch, and a missing SST fails the open, in every mode.
+        // SST damage is no WAL matter: the background scan after an unclean stop (or the
+        // first lookup that reads the block) finds the checksum mismatch, and a missing SST
+        // fails the open, in every mode.
         (Damage::FlipSstBytes | Damage::DeleteSst, _) => StoreOpen::Rebuilt,
     }
 }
@@ -576,7 +667,19 @@ async fn damaged_wal_and_sst_files_recover_or_rebuild_as_each_recovery_mode_prom
             damage_store(&state.join("tasks/0/store"), damage);
             let mut p = app.start_at("pod-0", &state, &[], &[]);
             p.wait_ready(2 * MINUTE);
-            let health = p.health();
+            // A store opened after the crash is used at once and scanned in the background:
+            // the verdict is in once that scan passed or the damage was rebuilt.
+            let health = p.wait_health("the store's verdict", 2 * MINUTE, |h| {
+                h.tasks.first().is_some_and(|t| {
+                    let rebuilt =
+                        t.opened == Some(StoreOpen::Rebuilt) && t.state == Some(TaskState::Active);
+                    let verified = t
+                        .verification
+                        .as_ref()
+                        .is_some_and(|v| v.finished_at_ms.is_some());
+                    rebuilt || verified
+                })
+            });
             let task = &health.tasks[0];
             assert_eq!(task.opened, Some(expected_open(mode, damage)), "{what}");
             match task.opened {

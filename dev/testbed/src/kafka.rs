@@ -397,6 +397,39 @@ fn restart_broker(signal: &str) {
     }
 }
 
+/// The `transaction.timeout.ms` the transaction coordinator holds for a transactional id
+/// (what its producer asked for), by Kafka's own `kafka-transactions.sh describe`.
+pub fn transaction_timeout_ms(transactional_id: &str) -> u64 {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kafka.sh");
+    let out = std::process::Command::new(&script)
+        .args([
+            "tool",
+            "org.apache.kafka.tools.TransactionsCommand",
+            "describe",
+            "--transactional-id",
+            transactional_id,
+        ])
+        .output()
+        .expect("running dev/kafka.sh tool");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "kafka-transactions.sh describe {transactional_id} failed:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A header line and one row, tab-separated.
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<&str> = lines.next().unwrap_or_default().split('\t').collect();
+    let row: Vec<&str> = lines.next().unwrap_or_default().split('\t').collect();
+    let column = header
+        .iter()
+        .position(|h| h.trim() == "TransactionTimeoutMs")
+        .unwrap_or_else(|| panic!("no TransactionTimeoutMs column in:\n{text}"));
+    row.get(column)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no timeout for {transactional_id} in:\n{text}"))
+}
+
 /// Deletes a topic and waits until the broker's metadata no longer shows it.
 pub async fn delete_topic(name: &str) {
     let admin: AdminClient<DefaultClientContext> = client_config()

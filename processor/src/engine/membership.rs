@@ -16,7 +16,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 
-use super::{Engine, EngineConfig, EngineError, RouteTask, Task};
+use super::{Engine, EngineConfig, EngineError, RouteTask, Task, default_property};
 use crate::lifecycle::Event;
 
 /// Consumer callbacks: the group's assignment changes go to the engine.
@@ -56,14 +56,6 @@ impl ConsumerContext for GroupContext {
 }
 
 pub type GroupConsumer = BaseConsumer<GroupContext>;
-
-/// Sets `key` unless the user's client properties already do (tuning, not correctness: the
-/// properties the processor must own are refused by the configuration).
-fn default_property(cfg: &mut rdkafka::config::ClientConfig, key: &str, value: &str) {
-    if cfg.get(key).is_none() {
-        cfg.set(key, value);
-    }
-}
 
 pub(super) fn new_consumer(
     cfg: &EngineConfig,

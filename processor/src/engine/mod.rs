@@ -27,7 +27,8 @@
 //! - [`processing`]: one record of the dedup stage inside the open transaction, dead letters;
 //! - [`routing`]: one record of the route stage (repartitioning only);
 //! - [`transaction`]: begin, commit, abort, the producer and its failures;
-//! - [`delivery`]: the producer's delivery reports.
+//! - [`delivery`]: the producer's delivery reports;
+//! - [`verification`]: background checksum scans of the stores and what they find.
 
 mod delivery;
 mod membership;
@@ -35,6 +36,7 @@ mod processing;
 mod routing;
 mod tasks;
 mod transaction;
+mod verification;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -57,7 +59,7 @@ use crate::record_attempts::RecordAttempts;
 use crate::repartition::Purger;
 use crate::restore::Restorer;
 use crate::shared::{DrainOutcome, Shared};
-use crate::store::{SharedMemory, Staged, TaskStore};
+use crate::store::{SharedMemory, Staged, TaskStore, Verifier};
 
 pub use delivery::{DeliveryTracker, Origin, await_deliveries};
 pub use membership::{GroupConsumer, GroupContext};
@@ -67,8 +69,18 @@ const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const TXN_DEADLINE: Duration = Duration::from_secs(120);
 /// How often task statistics (store size, WAL files) are refreshed for the health report.
 const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
-/// librdkafka's default `transaction.timeout.ms`.
-const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// The producer's `transaction.timeout.ms` unless the user sets it (librdkafka's default is
+/// 60 s; Kafka Streams uses 10 s under exactly-once): how long a dead instance's open
+/// transaction can hold back the restore of the tasks it had, and the reads of its outputs.
+const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sets `key` unless the user's client properties already do (tuning, not correctness: the
+/// properties the processor must own are refused by the configuration).
+fn default_property(cfg: &mut ClientConfig, key: &str, value: &str) {
+    if cfg.get(key).is_none() {
+        cfg.set(key, value);
+    }
+}
 
 /// Why the engine stopped.
 #[derive(Debug, thiserror::Error)]
@@ -162,6 +174,8 @@ struct Task {
     at_commit_marker: bool,
     health: TaskHealth,
     restore_started: Option<Instant>,
+    /// When the open store's next periodic verification is due.
+    verify_due: Option<Instant>,
 }
 
 impl Task {
@@ -180,6 +194,7 @@ impl Task {
                 ..Default::default()
             },
             restore_started: None,
+            verify_due: None,
         }
     }
 
@@ -239,6 +254,8 @@ pub struct Engine {
     /// Failed attempts of the route stage's records (their offsets are input offsets).
     route_attempts: RecordAttempts,
     restorer: Restorer,
+    /// Scans stores for damage in the background.
+    verifier: Verifier,
     /// Deletes what the dedup stage committed from the repartition topic.
     purger: Option<Purger>,
     last_purge: Instant,
@@ -299,6 +316,7 @@ impl Engine {
             txn: None,
             aborts: 0,
             restorer,
+            verifier: Verifier::start(cfg.rocksdb.verify_keys_per_second),
             purger,
             last_purge: Instant::now(),
             purged: BTreeMap::new(),
@@ -357,8 +375,10 @@ impl Engine {
             self.reassign(consumer);
         }
         self.purge_repartitioned();
+        self.take_verifications(consumer);
         // Task statistics list the store's directory: refresh them on a timer, not per record.
         if self.last_publish.elapsed() >= PUBLISH_INTERVAL {
+            self.start_due_verifications();
             self.publish_tasks(false);
         }
         match self.pending_error.take() {

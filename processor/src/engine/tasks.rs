@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
-use streamapp_api::health::{ProcessorPhase, RestoreProgress, StoreOpen};
+use streamapp_api::health::{ProcessorPhase, RestoreProgress, StoreOpen, VerificationReason};
 use tracing::{error, info, warn};
 
 use super::{Engine, EngineError, GroupConsumer};
@@ -135,6 +135,7 @@ impl Engine {
                 }
                 task.store = None;
                 task.staged.clear();
+                task.health.verification = None;
                 error!(
                     partition = p,
                     reason,
@@ -182,7 +183,7 @@ impl Engine {
     }
 
     /// Opens the store of one task that waits for it: its suspended store when it has one,
-    /// otherwise from disk (checked once in full when it has no clean checkpoint).
+    /// otherwise from disk (scanned in the background when it has no clean checkpoint).
     pub(super) fn open_next(&mut self) {
         let Some(p) = self
             .tasks
@@ -201,7 +202,7 @@ impl Engine {
                 .ok()
                 .flatten()
                 .is_some();
-            match self.open_store(p, existed && !clean) {
+            match self.open_store(p) {
                 Ok(store) => {
                     self.tasks.get_mut(&p).expect("task exists").store = Some(store);
                     Event::Opened(match (existed, clean) {
@@ -219,11 +220,25 @@ impl Engine {
                 }
             }
         };
+        let opened = match &event {
+            Event::Opened(how) => Some(*how),
+            _ => None,
+        };
         self.on_task_event(p, event);
+        match opened {
+            // After an unclean stop the store is used at once (its offsets are written in the
+            // same batches as its data, so it is a consistent prefix of the changelog whose
+            // tail is replayed now) and scanned for damaged blocks in the background.
+            Some(StoreOpen::ReplayedTail) => {
+                self.start_verification(p, VerificationReason::UncleanShutdown)
+            }
+            Some(StoreOpen::Resumed) | None => {}
+            Some(_) => self.schedule_verification(p),
+        }
         self.publish_tasks(true);
     }
 
-    fn open_store(&self, partition: i32, verify: bool) -> Result<TaskStore, StoreError> {
+    fn open_store(&self, partition: i32) -> Result<TaskStore, StoreError> {
         let state = &self.shared.state_dir;
         let store = TaskStore::open(
             &state.store_dir(partition),
@@ -239,13 +254,6 @@ impl Engine {
                 partition,
             },
         )?;
-        if verify {
-            // After an unclean stop, read everything once: damaged SST blocks are found now,
-            // not in the middle of processing.
-            let shared = self.shared.clone();
-            let keys = store.verify_with(|| shared.beat())?;
-            info!(partition, keys, "store verified after an unclean shutdown");
-        }
         Ok(store)
     }
 

@@ -16,17 +16,13 @@ use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
 use super::delivery::{DeliveryTracker, await_deliveries};
-use super::{Engine, EngineConfig, EngineError, GroupConsumer, TXN_CALL_TIMEOUT, TXN_DEADLINE};
+use super::{
+    DEFAULT_TRANSACTION_TIMEOUT, Engine, EngineConfig, EngineError, GroupConsumer,
+    TXN_CALL_TIMEOUT, TXN_DEADLINE, default_property,
+};
 use crate::kafka_errors::{TxnErrorFacts, TxnFailure, classify_txn, is_retriable};
 use crate::lifecycle::Event;
 use crate::shared::Shared;
-
-/// Sets `key` unless the user's client properties already do.
-fn default_property(cfg: &mut rdkafka::config::ClientConfig, key: &str, value: &str) {
-    if cfg.get(key).is_none() {
-        cfg.set(key, value);
-    }
-}
 
 /// Creates the transactional producer and initialises its transactions, which aborts what a
 /// previous incarnation left open and fences it.
@@ -38,6 +34,11 @@ pub(super) fn new_producer(
     default_property(&mut client, "linger.ms", "5");
     // Bounded buffers: the operator's memory budget counts on them.
     default_property(&mut client, "queue.buffering.max.kbytes", "65536");
+    default_property(
+        &mut client,
+        "transaction.timeout.ms",
+        &DEFAULT_TRANSACTION_TIMEOUT.as_millis().to_string(),
+    );
     let producer: BaseProducer<DeliveryTracker> = client
         .set("transactional.id", cfg.transactional_id())
         .set("enable.idempotence", "true")

@@ -19,16 +19,20 @@
 
 mod fault;
 mod options;
+mod verify;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use rocksdb::{DB, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions};
 use streamapp_api::config::ResolvedRocksDb;
 
 pub use fault::{Fault, Result, StoreError, classify_io, classify_rocksdb};
 pub use options::{SharedMemory, rocksdb_options};
+pub use verify::{Verifier, VerifyOutcome};
 
 const META_CHANGELOG_OFFSET: &[u8] = b"m/changelog_offset";
 const META_CHANGELOG_TOPIC: &[u8] = b"m/changelog_topic";
@@ -118,9 +122,20 @@ impl Staged {
     }
 }
 
+/// Tells each store opened by this process apart from the others (a verification result
+/// belongs to the store it scanned, not to a successor at the same path).
+static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
+
 /// One task's store.
+///
+/// The database is shared with the background verifier ([`Verifier`]) only through a weak
+/// handle it upgrades for one bounded chunk of keys at a time; dropping the store raises
+/// `closing` and waits for such a chunk to end, so the database is closed (and its lock
+/// released) by the time the store is gone.
 pub struct TaskStore {
-    db: DB,
+    db: Arc<DB>,
+    closing: Arc<AtomicBool>,
+    id: u64,
     path: PathBuf,
     wal_dir: PathBuf,
     window: Window,
@@ -156,7 +171,9 @@ impl TaskStore {
         let opts = rocksdb_options(tuning, memory, wal_dir);
         let db = DB::open(&opts, path).map_err(|e| StoreError::from_rocksdb(path, e))?;
         let mut store = TaskStore {
-            db,
+            db: Arc::new(db),
+            closing: Arc::new(AtomicBool::new(false)),
+            id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
             path: path.to_path_buf(),
             wal_dir: wal_dir
                 .map(Path::to_path_buf)
@@ -221,6 +238,11 @@ impl TaskStore {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// This open store among all the stores this process opened.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn meta(&self) -> &StoreMeta {
@@ -336,31 +358,14 @@ impl TaskStore {
     /// now is the truth about it. What a drain and the end of a suspension do.
     pub fn close(self) -> Result<()> {
         self.flush()?;
-        drop(self.db);
+        drop(self); // closes the database (see Drop)
         Ok(())
     }
 
     /// Reads every key with checksums verified: finds damaged SST blocks that opening the
-    /// store does not touch. Run after an unclean shutdown.
+    /// store does not touch. What the background [`Verifier`] does in paced chunks.
     pub fn verify(&self) -> Result<u64> {
-        self.verify_with(|| {})
-    }
-
-    /// [`TaskStore::verify`], calling `progress` every 100,000 keys (a large store takes a
-    /// while, and the loop's liveness counts on signs of life).
-    pub fn verify_with(&self, mut progress: impl FnMut()) -> Result<u64> {
-        let mut ro = ReadOptions::default();
-        ro.set_verify_checksums(true);
-        ro.fill_cache(false);
-        let mut n = 0;
-        for item in self.db.iterator_opt(IteratorMode::Start, ro) {
-            item.map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
-            n += 1;
-            if n % 100_000 == 0 {
-                progress();
-            }
-        }
-        Ok(n)
+        verify::scan(&self.db, &self.path, None, usize::MAX).map(|(n, _)| n)
     }
 
     /// Ids the store remembers (exact count; scans the id range).
@@ -428,6 +433,18 @@ impl TaskStore {
                 })?;
                 Ok(Some(i64::from_be_bytes(bytes)))
             }
+        }
+    }
+}
+
+impl Drop for TaskStore {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::SeqCst);
+        // The verifier holds the database for one chunk at most (milliseconds); it sees
+        // `closing` before it takes the next one.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Arc::strong_count(&self.db) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
