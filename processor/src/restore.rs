@@ -4,12 +4,16 @@
 //! changelog was deleted and recreated, or lost data): restore refuses to mix the two
 //! ([`RestoreError::AheadOfChangelog`]), and the task rebuilds the store from the log as it is.
 //!
-//! The changelog is read with read_committed, so aborted writes never reach the store. Restore
-//! is done in steps (a bounded number of records each) so the processing thread keeps serving
-//! the group consumer meanwhile. It is finished only when the visible end of the partition is
-//! its real end: while another producer (a previous owner of the task) still has a transaction
-//! open on it, records after it may yet become visible, so restore waits for it to end.
+//! The changelog is read with read_committed, so aborted writes never reach the store. One
+//! reader restores every partition that needs it at once (each added to its assignment as its
+//! store is ready, removed once caught up), in steps of a bounded number of records so the
+//! processing thread keeps serving the group consumer and committing the active tasks
+//! meanwhile. A partition is finished only when the visible end of it is its real end: while
+//! another producer (a previous owner of the task) still has a transaction open on it, records
+//! after it may yet become visible, so that partition waits for it to end — without holding
+//! the other partitions back.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
@@ -84,16 +88,68 @@ impl ClientContext for ReaderContext {
 
 impl ConsumerContext for ReaderContext {}
 
-/// Reads changelog partitions for restore. One partition at a time.
+/// How often a partition whose visible end is not its real end (an open transaction of
+/// another producer) is read again.
+const WAIT_RECHECK: Duration = Duration::from_millis(200);
+/// How long one step reads at most (the state updater serves requests between steps).
+const STEP_TIME: Duration = Duration::from_millis(100);
+
+/// Where the restore of one partition stands.
+#[derive(Debug, Default)]
+struct Partition {
+    /// Waiting for an open transaction to end: since when, and when to read again (the
+    /// partition is out of the reader's assignment until then).
+    waiting_since: Option<Instant>,
+    recheck_at: Option<Instant>,
+    warned_at: Option<Instant>,
+}
+
+/// Looks up the real end (high watermark, read_uncommitted) of changelog partitions.
+pub struct ChangelogEnds {
+    topic: String,
+    probe: BaseConsumer,
+}
+
+impl ChangelogEnds {
+    pub fn new(base: &ClientConfig, topic: &str) -> Result<Self, KafkaError> {
+        let mut probe_cfg = base.clone();
+        probe_cfg
+            .set("isolation.level", "read_uncommitted")
+            .set("group.id", "streamapp-restore-unused");
+        Ok(ChangelogEnds {
+            topic: topic.to_string(),
+            probe: probe_cfg.create()?,
+        })
+    }
+
+    /// The partition's (low, high) watermarks: a broker round trip.
+    pub fn watermarks(&self, partition: i32) -> Result<(i64, i64), RestoreError> {
+        self.probe
+            .fetch_watermarks(&self.topic, partition, Duration::from_secs(10))
+            .map_err(|source| RestoreError::Kafka {
+                topic: self.topic.clone(),
+                partition,
+                source,
+            })
+    }
+
+    /// The real end (high watermark) of a changelog partition.
+    pub fn end_offset(&self, partition: i32) -> Result<i64, RestoreError> {
+        Ok(self.watermarks(partition)?.1)
+    }
+}
+
+/// Reads changelog partitions for restore, all of them through one reader.
 pub struct Restorer {
     topic: String,
     /// read_committed, partition EOF events on.
     reader: BaseConsumer<ReaderContext>,
-    /// read_uncommitted: its high watermark is the real end of the log.
-    end_probe: BaseConsumer,
-    current: Option<i32>,
-    waiting_since: Option<Instant>,
+    ends: ChangelogEnds,
+    partitions: BTreeMap<i32, Partition>,
 }
+
+/// What one step did for one partition.
+pub type PartitionStep = Result<(u64, Step), RestoreError>;
 
 impl Restorer {
     pub fn new(base: &ClientConfig, topic: &str) -> Result<Self, KafkaError> {
@@ -108,16 +164,11 @@ impl Restorer {
             // add up to a second per partition to every restart.
             .set("fetch.wait.max.ms", "10")
             .set("group.id", "streamapp-restore-unused");
-        let mut probe_cfg = base.clone();
-        probe_cfg
-            .set("isolation.level", "read_uncommitted")
-            .set("group.id", "streamapp-restore-unused");
         Ok(Restorer {
             topic: topic.to_string(),
             reader: reader_cfg.create_with_context(ReaderContext)?,
-            end_probe: probe_cfg.create()?,
-            current: None,
-            waiting_since: None,
+            ends: ChangelogEnds::new(base, topic)?,
+            partitions: BTreeMap::new(),
         })
     }
 
@@ -129,28 +180,25 @@ impl Restorer {
         }
     }
 
-    /// The real end (high watermark) of a changelog partition.
-    pub fn end_offset(&self, partition: i32) -> Result<i64, RestoreError> {
-        let (_, high) = self
-            .end_probe
-            .fetch_watermarks(&self.topic, partition, Duration::from_secs(10))
-            .map_err(self.kafka_err(partition))?;
-        Ok(high)
+    /// Whether `partition` is being restored.
+    pub fn restoring(&self, partition: i32) -> bool {
+        self.partitions.contains_key(&partition)
     }
 
-    /// The partition being restored, if any.
-    pub fn current(&self) -> Option<i32> {
-        self.current
+    /// Whether `partition` is being read (restoring, and not waiting for an open transaction
+    /// to end).
+    pub fn reading(&self, partition: i32) -> bool {
+        self.partitions
+            .get(&partition)
+            .is_some_and(|s| s.recheck_at.is_none())
     }
 
-    /// Positions the reader at the store's offset. Returns the number of records to restore
-    /// (an upper bound: compaction and transaction markers make it smaller).
+    /// Adds the partition to the reader at the store's offset. Returns the number of records
+    /// to restore (an upper bound: compaction and transaction markers make it smaller).
     pub fn begin(&mut self, partition: i32, store: &TaskStore) -> Result<u64, RestoreError> {
+        self.stop(partition);
         let from = store.meta().changelog_offset;
-        let (low, high) = self
-            .end_probe
-            .fetch_watermarks(&self.topic, partition, Duration::from_secs(10))
-            .map_err(self.kafka_err(partition))?;
+        let (low, high) = self.ends.watermarks(partition)?;
         if let Some(offset) = from.filter(|o| *o > high) {
             return Err(RestoreError::AheadOfChangelog {
                 topic: self.topic.clone(),
@@ -169,6 +217,13 @@ impl Restorer {
                 "the changelog's start moved past the store's offset; restoring from its start"
             );
         }
+        self.read_from(partition, from)?;
+        self.partitions.insert(partition, Partition::default());
+        Ok((high - from.unwrap_or(low).max(low)).max(0) as u64)
+    }
+
+    /// Adds the partition to the reader's assignment at `from` (the start when `None`).
+    fn read_from(&self, partition: i32, from: Option<i64>) -> Result<(), RestoreError> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(
             &self.topic,
@@ -177,68 +232,174 @@ impl Restorer {
         )
         .map_err(self.kafka_err(partition))?;
         self.reader
-            .assign(&tpl)
-            .map_err(self.kafka_err(partition))?;
-        self.current = Some(partition);
-        self.waiting_since = None;
-        Ok((high - from.unwrap_or(low).max(low)).max(0) as u64)
+            .incremental_assign(&tpl)
+            .map_err(self.kafka_err(partition))
     }
 
-    /// Reads up to `budget` records into the store. Returns how many were applied and where
-    /// restore stands.
+    fn unassign(&self, partition: i32) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.topic, partition);
+        if let Err(e) = self.reader.incremental_unassign(&tpl) {
+            warn!(partition, error = %e, "could not remove a changelog partition from the restore reader");
+        }
+    }
+
+    /// Stops restoring `partition` (it is restored, or its task is gone or starts over).
+    pub fn stop(&mut self, partition: i32) {
+        if let Some(p) = self.partitions.remove(&partition)
+            && p.recheck_at.is_none()
+        {
+            self.unassign(partition);
+        }
+    }
+
+    /// Stops restoring every partition (a revoke).
+    pub fn stop_all(&mut self) {
+        let _ = self.reader.unassign();
+        self.partitions.clear();
+    }
+
+    /// Reads up to `budget` records in all into the stores of the partitions being restored
+    /// (`stores`: those partitions' stores; others are left alone). Returns, for each partition
+    /// in `stores`, how many records were applied and where its restore stands, or what went
+    /// wrong with it; an error of the reader itself fails the whole step.
     pub fn step(
+        &mut self,
+        stores: &mut BTreeMap<i32, &mut TaskStore>,
+        budget: usize,
+    ) -> Result<Vec<(i32, PartitionStep)>, RestoreError> {
+        self.recheck_waiting(stores)?;
+        let mut staged: BTreeMap<i32, Staged> = BTreeMap::new();
+        let mut applied: BTreeMap<i32, u64> = BTreeMap::new();
+        let mut failed: BTreeMap<i32, RestoreError> = BTreeMap::new();
+        let mut at_end: BTreeSet<i32> = BTreeSet::new();
+        let mut read = 0usize;
+        let deadline = Instant::now() + STEP_TIME;
+        let reading = |p: &i32, at_end: &BTreeSet<i32>, failed: &BTreeMap<i32, RestoreError>| {
+            !at_end.contains(p)
+                && !failed.contains_key(p)
+                && self
+                    .partitions
+                    .get(p)
+                    .is_some_and(|s| s.recheck_at.is_none())
+        };
+        while read < budget
+            && Instant::now() < deadline
+            && stores.keys().any(|p| reading(p, &at_end, &failed))
+        {
+            match self.reader.poll(Duration::from_millis(50)) {
+                None => {}
+                Some(Ok(m)) => {
+                    let p = m.partition();
+                    let Some(store) = stores.get_mut(&p) else {
+                        continue; // stopped meanwhile; the reader drops it
+                    };
+                    if failed.contains_key(&p) {
+                        continue;
+                    }
+                    read += 1;
+                    let chunk = staged.entry(p).or_default();
+                    match parse(&self.topic, &m) {
+                        Ok((id, time)) => {
+                            chunk.put(id, time);
+                            chunk.changelog_offset = Some(m.offset() + 1);
+                        }
+                        Err(e) => {
+                            failed.insert(p, e);
+                            continue;
+                        }
+                    }
+                    if chunk.puts.len() >= APPLY_CHUNK {
+                        let n = chunk.puts.len() as u64;
+                        match store.apply(chunk) {
+                            Ok(()) => *applied.entry(p).or_default() += n,
+                            Err(e) => {
+                                failed.insert(p, e.into());
+                            }
+                        }
+                        chunk.clear();
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    at_end.insert(p);
+                }
+                Some(Err(e)) => return Err(self.kafka_err(-1)(e)),
+            }
+        }
+        let mut results = Vec::new();
+        for (&p, store) in stores.iter_mut() {
+            if !self.partitions.contains_key(&p) {
+                continue;
+            }
+            let chunk = staged.remove(&p).unwrap_or_default();
+            let result = match failed.remove(&p) {
+                Some(e) => Err(e),
+                None if at_end.contains(&p) => self
+                    .finish_at_end(p, store, chunk)
+                    .map(|(n, step)| (applied.get(&p).copied().unwrap_or(0) + n, step)),
+                None => {
+                    let n = chunk.puts.len() as u64;
+                    let waiting = self.partitions[&p].recheck_at.is_some();
+                    let applied_before = applied.get(&p).copied().unwrap_or(0);
+                    let outcome = if chunk.is_empty() {
+                        Ok(())
+                    } else {
+                        store.apply(&chunk).map_err(RestoreError::from)
+                    };
+                    outcome.map(|()| {
+                        let step = if waiting {
+                            Step::WaitingForOpenTransaction
+                        } else {
+                            Step::InProgress
+                        };
+                        (applied_before + n, step)
+                    })
+                }
+            };
+            if matches!(result, Ok((_, Step::Done)) | Err(_)) {
+                self.stop(p);
+            }
+            results.push((p, result));
+        }
+        Ok(results)
+    }
+
+    /// Puts partitions whose wait for an open transaction is due for a look back into the
+    /// reader, from their store's offset: the transaction's records become visible once it
+    /// ends.
+    fn recheck_waiting(
+        &mut self,
+        stores: &BTreeMap<i32, &mut TaskStore>,
+    ) -> Result<(), RestoreError> {
+        let now = Instant::now();
+        let due: Vec<i32> = self
+            .partitions
+            .iter()
+            .filter(|(_, s)| s.recheck_at.is_some_and(|t| now >= t))
+            .map(|(&p, _)| p)
+            .collect();
+        for p in due {
+            let Some(store) = stores.get(&p) else {
+                continue;
+            };
+            self.read_from(p, store.meta().changelog_offset)?;
+            self.partitions.get_mut(&p).expect("restoring").recheck_at = None;
+        }
+        Ok(())
+    }
+
+    /// The reader reached the visible end of `partition`: applies what is left and decides
+    /// whether that is the log's real end.
+    fn finish_at_end(
         &mut self,
         partition: i32,
         store: &mut TaskStore,
-        budget: usize,
+        mut staged: Staged,
     ) -> Result<(u64, Step), RestoreError> {
-        assert_eq!(self.current, Some(partition), "begin() first");
-        let mut staged = Staged::default();
-        let mut applied = 0u64;
-        let mut at_end = false;
-        let deadline = Instant::now() + Duration::from_millis(500);
-        while (applied as usize) + staged.puts.len() < budget && Instant::now() < deadline {
-            match self.reader.poll(Duration::from_millis(100)) {
-                None => {}
-                Some(Ok(m)) => {
-                    let bad = |what: &str| RestoreError::BadRecord {
-                        topic: self.topic.clone(),
-                        partition,
-                        offset: m.offset(),
-                        what: what.into(),
-                    };
-                    let id = m.key().ok_or_else(|| bad("record without a key"))?;
-                    let value: [u8; 8] = m
-                        .payload()
-                        .and_then(|p| p.try_into().ok())
-                        .ok_or_else(|| bad("value is not an 8-byte time"))?;
-                    staged.put(id, i64::from_be_bytes(value));
-                    staged.changelog_offset = Some(m.offset() + 1);
-                    if staged.puts.len() >= APPLY_CHUNK {
-                        applied += staged.puts.len() as u64;
-                        store.apply(&staged)?;
-                        staged.clear();
-                    }
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) => {
-                    at_end = true;
-                    break;
-                }
-                Some(Err(e)) => return Err(self.kafka_err(partition)(e)),
-            }
-        }
-        if !at_end {
-            applied += staged.puts.len() as u64;
-            if !staged.is_empty() {
-                store.apply(&staged)?;
-            }
-            return Ok((applied, Step::InProgress));
-        }
-        // At the visible end: the reader's position is past the last record and any
-        // transaction markers. If that is the log's real end, the store is caught up.
+        // The reader's position is past the last record and any transaction markers.
         let position = self.position(partition)?;
-        let end = self.end_offset(partition)?;
-        applied += staged.puts.len() as u64;
+        let end = self.ends.end_offset(partition)?;
+        let applied = staged.puts.len() as u64;
         if let Some(p) = position {
             staged.changelog_offset = Some(p.max(staged.changelog_offset.unwrap_or(0)));
         }
@@ -246,8 +407,9 @@ impl Restorer {
             store.apply(&staged)?;
         }
         let caught_up = store.meta().changelog_offset.unwrap_or(0) >= end || end == 0;
+        let state = self.partitions.get_mut(&partition).expect("restoring");
         if caught_up {
-            if self.waiting_since.take().is_some() {
+            if state.waiting_since.take().is_some() {
                 info!(
                     partition,
                     "open transaction on the changelog ended; restore continues"
@@ -255,35 +417,28 @@ impl Restorer {
             }
             return Ok((applied, Step::Done));
         }
-        match self.waiting_since {
-            None => self.waiting_since = Some(Instant::now()),
-            Some(since) if since.elapsed() > Duration::from_secs(5) => {
-                warn!(
-                    partition,
-                    visible_end = store.meta().changelog_offset,
-                    end,
-                    "waiting for an open transaction of a previous owner to end on the changelog \
-                     (the coordinator aborts it after transaction.timeout.ms; if this goes on \
-                     for minutes, the transaction hangs, which a broker crash can cause: find it \
-                     with kafka-transactions.sh find-hanging and end it with kafka-transactions.sh \
-                     abort --topic <changelog> --partition <partition> --start-offset <visible_end>)"
-                );
-                self.waiting_since = Some(Instant::now());
-            }
-            _ => {}
+        let now = Instant::now();
+        state.waiting_since.get_or_insert(now);
+        if state
+            .warned_at
+            .or(state.waiting_since)
+            .is_some_and(|t| now - t > Duration::from_secs(5))
+        {
+            warn!(
+                partition,
+                visible_end = store.meta().changelog_offset,
+                end,
+                "waiting for an open transaction of a previous owner to end on the changelog \
+                 (the coordinator aborts it after transaction.timeout.ms; if this goes on \
+                 for minutes, the transaction hangs, which a broker crash can cause: find it \
+                 with kafka-transactions.sh find-hanging and end it with kafka-transactions.sh \
+                 abort --topic <changelog> --partition <partition> --start-offset <visible_end>)"
+            );
+            state.warned_at = Some(now);
         }
-        // Re-read from where we are: the transaction's records become visible once it ends.
-        let mut tpl = TopicPartitionList::new();
-        let from = store
-            .meta()
-            .changelog_offset
-            .map_or(Offset::Beginning, Offset::Offset);
-        tpl.add_partition_offset(&self.topic, partition, from)
-            .map_err(self.kafka_err(partition))?;
-        self.reader
-            .assign(&tpl)
-            .map_err(self.kafka_err(partition))?;
-        std::thread::sleep(Duration::from_millis(200));
+        // Out of the reader until the recheck: the other partitions go on meanwhile.
+        state.recheck_at = Some(now + WAIT_RECHECK);
+        self.unassign(partition);
         Ok((applied, Step::WaitingForOpenTransaction))
     }
 
@@ -296,11 +451,23 @@ impl Restorer {
                 _ => None,
             }))
     }
+}
 
-    /// Stops reading (the task is restored or gone).
-    pub fn finish(&mut self) {
-        let _ = self.reader.unassign();
-        self.current = None;
-        self.waiting_since = None;
-    }
+/// A changelog record: the id (its key) and its first-seen time (8 bytes, big endian).
+fn parse<'m>(
+    topic: &str,
+    m: &'m rdkafka::message::BorrowedMessage<'_>,
+) -> Result<(&'m [u8], i64), RestoreError> {
+    let bad = |what: &str| RestoreError::BadRecord {
+        topic: topic.to_string(),
+        partition: m.partition(),
+        offset: m.offset(),
+        what: what.into(),
+    };
+    let id = m.key().ok_or_else(|| bad("record without a key"))?;
+    let value: [u8; 8] = m
+        .payload()
+        .and_then(|p| p.try_into().ok())
+        .ok_or_else(|| bad("value is not an 8-byte time"))?;
+    Ok((id, i64::from_be_bytes(value)))
 }

@@ -348,3 +348,89 @@ async fn transactions_time_out_after_10_s_unless_the_user_sets_another_timeout()
     );
     p.kill9();
 }
+
+/// Restores run side by side through one reader: a changelog partition held back by another
+/// producer's open transaction does not keep the other partitions from restoring and
+/// processing meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_held_back_by_an_open_transaction_does_not_hold_back_the_other_partitions() {
+    use rdkafka::producer::{BaseRecord, Producer};
+    let _serial = serial().await;
+    let app = App::create(
+        "restorewait",
+        AppOptions {
+            partitions: 2,
+            ..Default::default()
+        },
+    )
+    .await;
+    let t0 = now_ms();
+    let on = |p: i32, prefix: &str| -> Vec<Input> {
+        (0..50)
+            .map(|i| Input::cmd(&format!("{prefix}-{p}-{i}"), t0 + i).partition(p))
+            .collect()
+    };
+    let mut a = app.start("pod-a");
+    a.wait_ready(MINUTE);
+    app.produce(&[on(0, "r"), on(1, "r")].concat());
+    app.wait_until_processed(MINUTE);
+    a.kill9();
+
+    // Someone else's transaction stays open on changelog partition 0 (librdkafka's default
+    // timeout for it: a minute).
+    let foreign = testbed::kafka::transactional_producer(&format!("{}-foreign", app.id));
+    foreign.begin_transaction().unwrap();
+    let time = t0.to_be_bytes();
+    testbed::kafka::send(
+        &foreign,
+        BaseRecord::to(&app.changelog())
+            .partition(0)
+            .key("foreign")
+            .payload(&time[..]),
+    );
+    foreign.flush(Duration::from_secs(10)).unwrap();
+
+    // A new pod without state restores both partitions: 1 goes active, 0 waits.
+    let mut b = app.start("pod-b");
+    let state = |h: &streamapp_api::health::ProcessorHealth, p: i32| {
+        h.tasks
+            .iter()
+            .find(|t| t.partition == p)
+            .and_then(|t| t.state)
+    };
+    b.wait_health("partition 1 active while partition 0 waits", MINUTE, |h| {
+        state(h, 1) == Some(TaskState::Active) && state(h, 0) == Some(TaskState::Restoring)
+    });
+    app.produce(&[Input::cmd("while-waiting", t0 + 100).partition(1)]);
+    app.wait_for_records(&app.output, 101, MINUTE);
+    wait_for_log(&b, "waiting for an open transaction", MINUTE);
+    assert_eq!(
+        state(&b.health(), 0),
+        Some(TaskState::Restoring),
+        "partition 0 still waits for the open transaction"
+    );
+
+    foreign.abort_transaction(Duration::from_secs(10)).unwrap();
+    b.wait_ready(MINUTE);
+    assert!(
+        b.log_text()
+            .contains("open transaction on the changelog ended")
+    );
+    let mut again = [on(0, "r"), on(1, "r")].concat();
+    again.push(Input::cmd("fresh", t0 + 200).partition(0));
+    app.produce(&again);
+    app.wait_until_processed(MINUTE);
+    let output = app.read(&app.output);
+    assert_eq!(
+        output.len(),
+        102,
+        "100 ids, while-waiting and fresh, each once"
+    );
+    assert!(counts(&output).values().all(|&n| n == 1));
+    assert_eq!(
+        app.read(&app.duplicates).len(),
+        100,
+        "both restored stores remember every committed id"
+    );
+    b.kill9();
+}

@@ -137,7 +137,6 @@ impl Engine {
         self.routes.clear();
         self.route_attempts =
             crate::record_attempts::RecordAttempts::new(self.cfg.max_record_attempts);
-        self.restorer.finish();
         let _ = consumer.unassign();
         self.assigned = false;
         self.faults.after_revoke();

@@ -22,8 +22,8 @@
 //!
 //! The work is split by concern:
 //! - [`membership`]: the rebalance callbacks;
-//! - [`tasks`]: carrying out the lifecycle's commands (open, restore, activate, back off,
-//!   quarantine, checkpoints);
+//! - [`tasks`]: carrying out the lifecycle's commands (open, restore through the
+//!   [`crate::state_updater`] thread, activate, back off, quarantine, checkpoints);
 //! - [`processing`]: one record of the dedup stage inside the open transaction, dead letters;
 //! - [`routing`]: one record of the route stage (repartitioning only);
 //! - [`transaction`]: begin, commit, abort, the producer and its failures;
@@ -38,7 +38,7 @@ mod tasks;
 mod transaction;
 mod verification;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,8 +57,9 @@ use crate::lifecycle::{Event, Lifecycle, Phase};
 use crate::metrics::Metrics;
 use crate::record_attempts::RecordAttempts;
 use crate::repartition::Purger;
-use crate::restore::Restorer;
+use crate::restore::ChangelogEnds;
 use crate::shared::{DrainOutcome, Shared};
+use crate::state_updater::StateUpdater;
 use crate::store::{SharedMemory, Staged, TaskStore, Verifier};
 
 pub use delivery::{DeliveryTracker, Origin, await_deliveries};
@@ -161,7 +162,10 @@ impl EngineConfig {
 struct Task {
     partition: i32,
     lifecycle: Lifecycle,
+    /// The open store, unless the state updater holds it (see `Engine::in_updater`).
     store: Option<TaskStore>,
+    /// Which store is open for the task ([`TaskStore::id`]), wherever it is.
+    store_id: Option<u64>,
     staged: Staged,
     /// Next input offset to process (the consumer position as the engine sees it).
     position: Option<i64>,
@@ -184,6 +188,7 @@ impl Task {
             partition,
             lifecycle: Lifecycle::default(),
             store: None,
+            store_id: None,
             staged: Staged::default(),
             position: None,
             committed: None,
@@ -253,7 +258,12 @@ pub struct Engine {
     attempts: RecordAttempts,
     /// Failed attempts of the route stage's records (their offsets are input offsets).
     route_attempts: RecordAttempts,
-    restorer: Restorer,
+    /// Restores the stores of tasks that are not active yet, on a thread of its own.
+    updater: StateUpdater,
+    /// Partitions whose store the updater holds.
+    in_updater: BTreeSet<i32>,
+    /// The changelog's real ends, for the health report.
+    changelog_ends: ChangelogEnds,
     /// Scans stores for damage in the background.
     verifier: Verifier,
     /// Deletes what the dedup stage committed from the repartition topic.
@@ -294,8 +304,10 @@ impl Engine {
     ) -> Result<(Arc<Mutex<Engine>>, GroupConsumer), EngineError> {
         let fatal = |what: &str, e: KafkaError| EngineError::Fatal(format!("{what}: {e}"));
         let producer = transaction::new_producer(&cfg, &shared)?;
-        let restorer = Restorer::new(&cfg.client, &cfg.changelog_topic)
+        let updater = StateUpdater::start(&cfg.client, &cfg.changelog_topic)
             .map_err(|e| fatal("creating the restore consumer", e))?;
+        let changelog_ends = ChangelogEnds::new(&cfg.client, &cfg.changelog_topic)
+            .map_err(|e| fatal("creating the changelog probe", e))?;
         let memory = SharedMemory::new(&cfg.rocksdb);
         let purger = match &cfg.repartition_topic {
             Some(topic) => Some(
@@ -315,7 +327,9 @@ impl Engine {
             routes: BTreeMap::new(),
             txn: None,
             aborts: 0,
-            restorer,
+            updater,
+            in_updater: BTreeSet::new(),
+            changelog_ends,
             verifier: Verifier::start(cfg.rocksdb.verify_keys_per_second),
             purger,
             last_purge: Instant::now(),
@@ -529,7 +543,7 @@ impl Engine {
     pub fn refresh_changelog_ends(&mut self) {
         for task in self.tasks.values_mut() {
             let Some(store) = &task.store else { continue };
-            if let Ok(end) = self.restorer.end_offset(task.partition) {
+            if let Ok(end) = self.changelog_ends.end_offset(task.partition) {
                 // Right after our own commit the log ends with its marker, which holds no
                 // data: the store is caught up, not one record behind.
                 let caught_up =

@@ -4,7 +4,8 @@
 //! through the same rules.
 //!
 //! Work the phases ask for is done by the loop, one piece per tick: open one store, take one
-//! restore step, activate what is restored, end the back-offs that are due.
+//! restore step (of every restoring task at once), activate what is restored, end the
+//! back-offs that are due.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -18,12 +19,10 @@ use super::{Engine, EngineError, GroupConsumer};
 use crate::checkpoint::{self, CheckpointEntry};
 use crate::lifecycle::{Command, Event, Phase};
 use crate::metrics::Metrics;
-use crate::restore::{RestoreError, Step};
+use crate::restore::RestoreError;
 use crate::shared::now_ms;
+use crate::state_updater::Update;
 use crate::store::{ChangelogIdentity, StoreError, TaskStore, Window};
-
-/// Changelog records restored per loop iteration before the consumer is polled again.
-const RESTORE_STEP: usize = 50_000;
 
 impl Engine {
     /// Feeds `event` to the task's lifecycle and carries out what it says; a failed command
@@ -74,6 +73,16 @@ impl Engine {
     }
 
     fn carry_out(&mut self, p: i32, command: Command) -> Result<(), StoreError> {
+        if matches!(
+            command,
+            Command::BeginRestore
+                | Command::FlushStore
+                | Command::CloseStore
+                | Command::ReleaseStore
+                | Command::QuarantineStore { .. }
+        ) {
+            self.reclaim_store(p);
+        }
         let state = self.shared.state_dir.clone();
         let store_dir = state.store_dir(p);
         let task = self.tasks.get_mut(&p).expect("task exists");
@@ -84,9 +93,6 @@ impl Engine {
             Command::BeginRestore => {
                 task.health.restore = None;
                 task.restore_started = None;
-                if self.restorer.current() == Some(p) {
-                    self.restorer.finish();
-                }
             }
             Command::FlushStore => {
                 if let Some(store) = &task.store {
@@ -94,9 +100,7 @@ impl Engine {
                 }
             }
             Command::CloseStore => {
-                if self.restorer.current() == Some(p) {
-                    self.restorer.finish();
-                }
+                task.store_id = None;
                 let Some(store) = task.store.take() else {
                     return Ok(());
                 };
@@ -123,17 +127,13 @@ impl Engine {
                 task.health.last_checkpoint_at_ms = Some(now_ms());
             }
             Command::ReleaseStore => {
-                if self.restorer.current() == Some(p) {
-                    self.restorer.finish();
-                }
                 task.store = None;
+                task.store_id = None;
                 task.staged.clear();
             }
             Command::QuarantineStore { reason } => {
-                if self.restorer.current() == Some(p) {
-                    self.restorer.finish();
-                }
                 task.store = None;
+                task.store_id = None;
                 task.staged.clear();
                 task.health.verification = None;
                 error!(
@@ -204,7 +204,9 @@ impl Engine {
                 .is_some();
             match self.open_store(p) {
                 Ok(store) => {
-                    self.tasks.get_mut(&p).expect("task exists").store = Some(store);
+                    let task = self.tasks.get_mut(&p).expect("task exists");
+                    task.store_id = Some(store.id());
+                    task.store = Some(store);
                     Event::Opened(match (existed, clean) {
                         (false, _) => StoreOpen::FullRestore,
                         (true, true) => StoreOpen::Clean,
@@ -257,86 +259,153 @@ impl Engine {
         Ok(store)
     }
 
-    /// One restore step of the first task that restores.
+    /// Hands the stores of tasks that are to restore over to the state updater, and takes
+    /// in what it reports: progress, restored stores, failures. The processing thread never
+    /// reads the changelog itself.
     pub(super) fn restore_step(&mut self) -> Result<(), EngineError> {
-        let Some(p) = self
+        let ready: Vec<i32> = self
             .tasks
             .values()
-            .find(|t| t.is(&Phase::Restoring))
+            .filter(|t| t.is(&Phase::Restoring) && t.store.is_some())
             .map(|t| t.partition)
-        else {
-            return Ok(());
-        };
-        if self.shared.phase() != ProcessorPhase::Restoring {
+            .collect();
+        for p in ready {
+            let task = self.tasks.get_mut(&p).expect("task exists");
+            let store = task.store.take().expect("filtered");
+            task.restore_started = Some(Instant::now());
+            self.updater.restore(p, store);
+            self.in_updater.insert(p);
+        }
+        if !self.in_updater.is_empty() && self.shared.phase() != ProcessorPhase::Restoring {
             self.shared.set_phase(ProcessorPhase::Restoring);
         }
-        let task = self.tasks.get_mut(&p).expect("task exists");
-        let store = task.store.as_mut().expect("a restoring task has its store");
-        let result = if self.restorer.current() != Some(p) {
-            self.restorer.begin(p, store).map(|to_restore| {
-                info!(partition = p, from = ?store.meta().changelog_offset, to_restore, "restoring store from the changelog");
-                task.restore_started = Some(Instant::now());
-                task.health.restore = Some(RestoreProgress {
-                    records_restored: 0,
-                    records_to_restore: to_restore,
-                    started_at_ms: now_ms(),
-                    finished_at_ms: None,
-                });
-                (0, Step::InProgress)
-            })
-        } else {
-            self.restorer.step(p, store, RESTORE_STEP)
-        };
-        match result {
-            Ok((n, step)) => {
-                self.metrics.restore_records.inc_by(n);
-                let progress = task.health.restore.as_mut().expect("set at begin");
-                progress.records_restored += n;
-                task.health.store_changelog_offset = store.meta().changelog_offset;
-                let done = step == Step::Done;
-                if done {
-                    let seconds = task
-                        .restore_started
-                        .map_or(0.0, |s| s.elapsed().as_secs_f64());
-                    self.metrics.restore_seconds.inc_by(seconds);
-                    progress.finished_at_ms = Some(now_ms());
-                    info!(
-                        partition = p,
-                        restored = progress.records_restored,
-                        seconds,
-                        changelog_offset = ?store.meta().changelog_offset,
-                        "store restored"
-                    );
-                    self.restorer.finish();
-                    self.on_task_event(p, Event::CaughtUp);
+        let mut changed = false;
+        let mut any_done = false;
+        while let Some(update) = self.updater.next_update() {
+            changed = true;
+            match update {
+                Update::Began {
+                    partition: p,
+                    from,
+                    to_restore,
+                } => {
+                    info!(partition = p, from = ?from, to_restore, "restoring store from the changelog");
+                    if let Some(task) = self.tasks.get_mut(&p) {
+                        task.health.restore = Some(RestoreProgress {
+                            records_restored: 0,
+                            records_to_restore: to_restore,
+                            started_at_ms: now_ms(),
+                            finished_at_ms: None,
+                        });
+                    }
                 }
-                // Restore progress is what the agent reports during a restore: publish it with
-                // every step (a step is up to RESTORE_STEP records), not only on the timer.
-                self.publish_tasks(done);
-                Ok(())
+                Update::Progress {
+                    partition: p,
+                    restored,
+                    changelog_offset,
+                } => self.on_restored(p, restored, changelog_offset, false),
+                Update::Restored {
+                    partition: p,
+                    restored,
+                    store,
+                } => {
+                    let offset = store.meta().changelog_offset;
+                    if self.give_back(p, store) {
+                        self.on_restored(p, restored, offset, true);
+                        any_done = true;
+                    }
+                }
+                Update::Failed {
+                    partition: p,
+                    store,
+                    error,
+                } => {
+                    if self.give_back(p, store) {
+                        self.on_restore_failed(p, error)?;
+                    }
+                }
+                Update::ReaderFailed { error, stores } => {
+                    for (p, store) in stores {
+                        self.give_back(p, store);
+                    }
+                    return Err(error.into());
+                }
             }
-            Err(RestoreError::Store(e)) => {
-                self.on_task_event(
-                    p,
-                    Event::StoreFailed {
-                        fault: e.fault(),
-                        reason: e.reason().to_string(),
-                    },
-                );
-                Ok(())
-            }
-            Err(e @ RestoreError::AheadOfChangelog { .. }) => {
-                self.on_task_event(
-                    p,
-                    Event::StoreFailed {
-                        fault: crate::store::Fault::Damaged,
-                        reason: e.to_string(),
-                    },
-                );
-                Ok(())
-            }
-            Err(e) => Err(e.into()),
         }
+        // Restore progress is what the agent reports during a restore: publish it as it comes,
+        // not only on the timer.
+        if changed {
+            self.publish_tasks(any_done);
+        }
+        Ok(())
+    }
+
+    /// A store the state updater hands back goes to its task. Returns false if the task is
+    /// gone (the store is closed by dropping it).
+    fn give_back(&mut self, p: i32, store: TaskStore) -> bool {
+        self.in_updater.remove(&p);
+        match self.tasks.get_mut(&p) {
+            Some(task) => {
+                task.store = Some(store);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes the task's store back from the state updater, if it has it (before anything
+    /// else touches the store: a flush, a close, a quarantine, a new restore).
+    fn reclaim_store(&mut self, p: i32) {
+        if !self.in_updater.remove(&p) {
+            return;
+        }
+        let store = self.updater.take(p);
+        if let (Some(task), Some(store)) = (self.tasks.get_mut(&p), store) {
+            task.store = Some(store);
+        }
+    }
+
+    /// `n` more records restored into the task's store, whose changelog offset is now
+    /// `offset`; `done`: it caught up.
+    fn on_restored(&mut self, p: i32, n: u64, offset: Option<i64>, done: bool) {
+        self.metrics.restore_records.inc_by(n);
+        let Some(task) = self.tasks.get_mut(&p) else {
+            return;
+        };
+        task.health.store_changelog_offset = offset;
+        let Some(progress) = task.health.restore.as_mut() else {
+            return;
+        };
+        progress.records_restored += n;
+        if done {
+            let seconds = task
+                .restore_started
+                .map_or(0.0, |s| s.elapsed().as_secs_f64());
+            self.metrics.restore_seconds.inc_by(seconds);
+            progress.finished_at_ms = Some(now_ms());
+            info!(
+                partition = p,
+                restored = progress.records_restored,
+                seconds,
+                changelog_offset = ?offset,
+                "store restored"
+            );
+            self.on_task_event(p, Event::CaughtUp);
+        }
+    }
+
+    /// A restore failed: damage and store failures go through the lifecycle; a Kafka error
+    /// stops the engine.
+    fn on_restore_failed(&mut self, p: i32, e: RestoreError) -> Result<(), EngineError> {
+        let (fault, reason) = match e {
+            RestoreError::Store(e) => (e.fault(), e.reason().to_string()),
+            e @ RestoreError::AheadOfChangelog { .. } => {
+                (crate::store::Fault::Damaged, e.to_string())
+            }
+            e => return Err(e.into()),
+        };
+        self.on_task_event(p, Event::StoreFailed { fault, reason });
+        Ok(())
     }
 
     /// Adds restored tasks, and route tasks not consumed from yet, to the consumer's

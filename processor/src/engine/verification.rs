@@ -68,7 +68,7 @@ impl Engine {
             let Some(task) = self.tasks.get_mut(&p) else {
                 continue;
             };
-            if task.store.as_ref().map(|s| s.id()) != Some(outcome.store_id) {
+            if task.store_id != Some(outcome.store_id) {
                 continue; // about a store this task no longer has
             }
             let seconds = outcome.elapsed.as_secs_f64();
