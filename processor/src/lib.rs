@@ -1,6 +1,7 @@
 //! The StreamApp processor as a library: the binary (`main.rs`) wires these together, and
 //! integration tests reach the pieces they check.
 
+pub mod assignment;
 pub mod changelog;
 pub mod checkpoint;
 pub mod engine;
@@ -17,6 +18,7 @@ pub mod repartition;
 pub mod restore;
 pub mod shared;
 pub mod state_dir;
+pub mod state_updater;
 pub mod store;
 pub mod topics;
 pub mod topology;

@@ -1,0 +1,348 @@
+//! The state-aware assignor of [ADR 0001](../../docs/adr/0001-state-aware-assignment.md): what
+//! the group leader decides from what each member reports, as a pure function. No Kafka here:
+//! the group membership that feeds it (JoinGroup/SyncGroup with the members' store offsets in
+//! the subscription user data) is not built yet, so nothing calls [`assign`] today.
+//!
+//! The rules, after Kafka Streams' KIP-441:
+//! 1. A balanced placement is worked out first (each member gets its share of the tasks, give
+//!    or take one), preferring for each task the member it was active on, then members that
+//!    hold its state, the most caught-up first.
+//! 2. A task goes active where that placement puts it only if the member is caught up (its
+//!    store within `acceptable_lag` records of the changelog end) or no member is. Otherwise it
+//!    stays active on the most caught-up member that is, and the placement's member gets a
+//!    **warm-up** (a standby that is a move in progress); the leader then asks for a probing
+//!    rebalance, and once the warm-up is within the acceptable lag the task moves.
+//! 3. Each task gets up to `standby_replicas` standbys on other members than its active (and
+//!    its warm-up), preferring members that hold its state, then members on other nodes than
+//!    the active's, then the least loaded.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What one member reports in its subscription.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Member {
+    pub id: String,
+    /// The Kubernetes node it runs on, if known (standbys go to other nodes first).
+    pub node: Option<String>,
+    /// The changelog offset each store it holds has applied (active, standby or left on its
+    /// volume).
+    pub stores: BTreeMap<i32, i64>,
+    /// The tasks it was active for in the previous assignment.
+    pub active: BTreeSet<i32>,
+}
+
+/// What the leader knows besides the members.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Facts {
+    /// Every task's changelog end offset (the tasks are its keys).
+    pub changelog_ends: BTreeMap<i32, i64>,
+    pub standby_replicas: usize,
+    /// A store at most this many records behind its changelog end counts as caught up.
+    pub acceptable_lag: u64,
+}
+
+/// One member's share.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemberAssignment {
+    pub active: BTreeSet<i32>,
+    pub standby: BTreeSet<i32>,
+    /// Standbys that are moves in progress: the task goes active here once caught up.
+    pub warm_up: BTreeSet<i32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assignment {
+    /// By member id.
+    pub members: BTreeMap<String, MemberAssignment>,
+    /// Warm-ups exist: rebalance again after the probing interval.
+    pub probing_rebalance: bool,
+}
+
+/// Records the member's store of `task` is behind the changelog end; `None` if it holds none.
+fn lag(member: &Member, task: i32, facts: &Facts) -> Option<u64> {
+    let end = facts.changelog_ends.get(&task).copied().unwrap_or(0);
+    member
+        .stores
+        .get(&task)
+        .map(|&offset| end.saturating_sub(offset).max(0) as u64)
+}
+
+/// Decides the active, standby and warm-up tasks of every member. Deterministic: the same
+/// reports give the same assignment.
+pub fn assign(members: &[Member], facts: &Facts) -> Assignment {
+    let mut members: Vec<&Member> = members.iter().collect();
+    members.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut out = Assignment {
+        members: members
+            .iter()
+            .map(|m| (m.id.clone(), MemberAssignment::default()))
+            .collect(),
+        probing_rebalance: false,
+    };
+    if members.is_empty() {
+        return out;
+    }
+    let tasks: Vec<i32> = facts.changelog_ends.keys().copied().collect();
+    let caught_up =
+        |m: &Member, t: i32| lag(m, t, facts).is_some_and(|l| l <= facts.acceptable_lag);
+
+    // 1. The balanced placement: every member gets `floor` tasks, `extra` of them one more.
+    let floor = tasks.len() / members.len();
+    let mut extra = tasks.len() % members.len();
+    let mut placed: BTreeMap<i32, usize> = BTreeMap::new();
+    let mut load = vec![0usize; members.len()];
+    let preference = |i: usize, t: i32| {
+        let m = members[i];
+        // Lower sorts first: its previous active member, then state by lag, then none.
+        if m.active.contains(&t) {
+            (0, 0)
+        } else {
+            match lag(m, t, facts) {
+                Some(l) => (1, l),
+                None => (2, 0),
+            }
+        }
+    };
+    for &t in &tasks {
+        let best = (0..members.len())
+            .filter(|&i| load[i] < floor || (load[i] == floor && extra > 0))
+            .min_by_key(|&i| (preference(i, t), load[i], i))
+            .expect("the shares cover every task");
+        if load[best] == floor {
+            extra -= 1;
+        }
+        placed.insert(t, best);
+        load[best] += 1;
+    }
+
+    // 2. Active only where caught up (or nobody is); else a warm-up there.
+    let mut active_of: BTreeMap<i32, usize> = BTreeMap::new();
+    let mut warm_up_of: BTreeMap<i32, usize> = BTreeMap::new();
+    for &t in &tasks {
+        let target = placed[&t];
+        let holder = (0..members.len())
+            .filter(|&i| caught_up(members[i], t))
+            .min_by_key(|&i| {
+                (
+                    !members[i].active.contains(&t),
+                    lag(members[i], t, facts),
+                    i,
+                )
+            });
+        match holder {
+            Some(h) if !caught_up(members[target], t) => {
+                active_of.insert(t, h);
+                warm_up_of.insert(t, target);
+                out.probing_rebalance = true;
+            }
+            _ => {
+                active_of.insert(t, target);
+            }
+        }
+    }
+
+    // 3. Standbys on other members, state first, then other nodes, then the least loaded.
+    let mut standby_load = vec![0usize; members.len()];
+    let mut standbys: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+    for &t in &tasks {
+        let active = active_of[&t];
+        let warm = warm_up_of.get(&t).copied();
+        let active_node = members[active].node.as_deref();
+        let mut candidates: Vec<usize> = (0..members.len())
+            .filter(|&i| i != active && Some(i) != warm)
+            .collect();
+        candidates.sort_by_key(|&i| {
+            let m = members[i];
+            let same_node = active_node.is_some() && m.node.as_deref() == active_node;
+            (
+                lag(m, t, facts).unwrap_or(u64::MAX),
+                same_node,
+                standby_load[i],
+                i,
+            )
+        });
+        let chosen: Vec<usize> = candidates
+            .into_iter()
+            .take(facts.standby_replicas)
+            .collect();
+        for &i in &chosen {
+            standby_load[i] += 1;
+        }
+        standbys.insert(t, chosen);
+    }
+
+    for &t in &tasks {
+        let id = |i: usize| members[i].id.clone();
+        out.members
+            .get_mut(&id(active_of[&t]))
+            .expect("member")
+            .active
+            .insert(t);
+        if let Some(&w) = warm_up_of.get(&t) {
+            out.members
+                .get_mut(&id(w))
+                .expect("member")
+                .warm_up
+                .insert(t);
+        }
+        for &s in &standbys[&t] {
+            out.members
+                .get_mut(&id(s))
+                .expect("member")
+                .standby
+                .insert(t);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(tasks: i32, end: i64, standby_replicas: usize) -> Facts {
+        Facts {
+            changelog_ends: (0..tasks).map(|t| (t, end)).collect(),
+            standby_replicas,
+            acceptable_lag: 100,
+        }
+    }
+
+    fn member(id: &str, active: &[i32], stores: &[(i32, i64)]) -> Member {
+        Member {
+            id: id.into(),
+            node: Some(format!("node-{id}")),
+            stores: stores.iter().copied().collect(),
+            active: active.iter().copied().collect(),
+        }
+    }
+
+    fn active(a: &Assignment, id: &str) -> Vec<i32> {
+        a.members[id].active.iter().copied().collect()
+    }
+
+    fn every_task_once(a: &Assignment, tasks: i32) {
+        let mut seen = BTreeSet::new();
+        for m in a.members.values() {
+            for &t in &m.active {
+                assert!(seen.insert(t), "task {t} active twice: {a:?}");
+                assert!(!m.standby.contains(&t) && !m.warm_up.contains(&t));
+            }
+        }
+        assert_eq!(seen, (0..tasks).collect(), "{a:?}");
+    }
+
+    #[test]
+    fn caught_up_members_keep_their_tasks() {
+        let members = [
+            member("a", &[0, 1], &[(0, 1000), (1, 990)]),
+            member("b", &[2, 3], &[(2, 1000), (3, 1000)]),
+        ];
+        let a = assign(&members, &facts(4, 1000, 0));
+        every_task_once(&a, 4);
+        assert_eq!(active(&a, "a"), [0, 1]);
+        assert_eq!(active(&a, "b"), [2, 3]);
+        assert!(!a.probing_rebalance);
+    }
+
+    #[test]
+    fn a_new_member_warms_up_first_and_takes_its_share_once_caught_up() {
+        let mut members = vec![
+            member("a", &[0, 1], &[(0, 1000), (1, 1000)]),
+            member("b", &[2, 3], &[(2, 1000), (3, 1000)]),
+            member("c", &[], &[]),
+        ];
+        let f = facts(4, 1000, 0);
+        let first = assign(&members, &f);
+        every_task_once(&first, 4);
+        assert!(
+            active(&first, "c").is_empty(),
+            "no active task without state: {first:?}"
+        );
+        let warm: Vec<i32> = first.members["c"].warm_up.iter().copied().collect();
+        assert_eq!(warm.len(), 1, "c's share, warming up: {first:?}");
+        assert!(first.probing_rebalance);
+
+        // The probing rebalance after c caught up: the task moves, nothing warms up any more.
+        let moved = warm[0];
+        members[2].stores.insert(moved, 950);
+        for m in &mut members {
+            m.active = first.members[&m.id].active.clone();
+        }
+        let second = assign(&members, &f);
+        every_task_once(&second, 4);
+        assert_eq!(active(&second, "c"), [moved]);
+        assert!(!second.probing_rebalance, "{second:?}");
+    }
+
+    #[test]
+    fn with_nobody_caught_up_the_most_state_wins() {
+        let members = [member("a", &[], &[(0, 100)]), member("b", &[], &[(0, 800)])];
+        let a = assign(&members, &facts(1, 1000, 0));
+        assert_eq!(active(&a, "b"), [0]);
+        assert!(!a.probing_rebalance, "no caught-up member to wait on");
+    }
+
+    #[test]
+    fn a_lost_member_s_tasks_go_to_the_holders_of_their_standbys() {
+        // c is gone; a held a standby of 4, b of 5.
+        let members = [
+            member("a", &[0, 1], &[(0, 1000), (1, 1000), (4, 995)]),
+            member("b", &[2, 3], &[(2, 1000), (3, 1000), (5, 990)]),
+        ];
+        let a = assign(&members, &facts(6, 1000, 1));
+        every_task_once(&a, 6);
+        assert_eq!(active(&a, "a"), [0, 1, 4]);
+        assert_eq!(active(&a, "b"), [2, 3, 5]);
+        // One standby each, on the other member.
+        for (id, other) in [("a", "b"), ("b", "a")] {
+            for t in &a.members[id].active {
+                assert!(a.members[other].standby.contains(t), "{a:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn standbys_never_share_a_member_with_their_active_and_prefer_other_nodes() {
+        let mut members = vec![
+            member("a", &[0], &[(0, 1000)]),
+            member("b", &[1], &[(1, 1000)]),
+            member("c", &[2], &[(2, 1000)]),
+        ];
+        members[1].node = Some("node-a".into()); // a and b share a node
+        let a = assign(&members, &facts(3, 1000, 1));
+        every_task_once(&a, 3);
+        let standby_of = |t: i32| -> Vec<&str> {
+            a.members
+                .iter()
+                .filter(|(_, m)| m.standby.contains(&t))
+                .map(|(id, _)| id.as_str())
+                .collect()
+        };
+        assert_eq!(standby_of(0), ["c"], "not on b, a's node: {a:?}");
+        assert_eq!(standby_of(1), ["c"], "not on a, b's node: {a:?}");
+        assert_eq!(standby_of(2).len(), 1);
+        assert_ne!(standby_of(2), ["c"]);
+    }
+
+    #[test]
+    fn standbys_are_capped_by_the_other_members() {
+        let members = [member("a", &[0], &[]), member("b", &[], &[])];
+        let a = assign(&members, &facts(1, 0, 3));
+        let standbys: usize = a.members.values().map(|m| m.standby.len()).sum();
+        assert_eq!(standbys, 1);
+    }
+
+    #[test]
+    fn the_same_reports_give_the_same_assignment() {
+        let members = [
+            member("b", &[], &[(0, 10)]),
+            member("a", &[1], &[(1, 1000)]),
+            member("c", &[], &[]),
+        ];
+        let f = facts(5, 1000, 1);
+        let mut reversed = members.clone();
+        reversed.reverse();
+        assert_eq!(assign(&members, &f), assign(&reversed, &f));
+    }
+}
