@@ -175,7 +175,10 @@ impl DedupApp {
             .append(true)
             .open(&log)
             .unwrap();
-        let child = Command::new(PROCESSOR_BIN)
+        // BENCH_PROCESSOR_BIN: another build of the processor (a copy, so that rebuilding
+        // the workspace during a long run does not change the binary mid-run).
+        let bin = std::env::var("BENCH_PROCESSOR_BIN").unwrap_or_else(|_| PROCESSOR_BIN.into());
+        let child = Command::new(bin)
             .arg("run")
             .env("STREAMAPP_CONFIG", self.dir.join("processor.yaml"))
             .env("POD_NAME", "bench-0")

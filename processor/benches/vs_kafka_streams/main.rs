@@ -52,7 +52,7 @@
 //!    — otherwise the warm-up is extended, at most 3 times, and then the run fails — and a
 //!    window of `BENCH_LATENCY_SECONDS` (default 20). Its output is checked exactly once too.
 //! 4. Recovery after kill -9, for each key count in `BENCH_RECOVERY_KEYS` (default
-//!    1000000,5000000): each system loads that many distinct ids (the time it takes is reported
+//!    20000,1000000,5000000): each system loads that many distinct ids (the time it takes is reported
 //!    too); live traffic (1,000 records/s of new ids) runs for 3 s so that the kill lands
 //!    mid-transaction; kill -9; 1,000 new records are sent; the system is restarted on the same
 //!    state directory. Measured: time from the restart to the first new committed output
@@ -61,6 +61,10 @@
 //! 5. A table with the medians, spreads and ratios, the goals met or not, and a CSV
 //!    (`BENCH_CSV`, default bench/results/vs-kafka-streams.csv) from which
 //!    bench/compare/chart.py draws the PNG.
+//!
+//! `BENCH_PHASES` (e.g. `recovery`) runs only some of phases 1–4 (`throughput`, `latency`,
+//! `recovery`; the table shows – for what was not run), `BENCH_PEERS` (e.g.
+//! `streamapp,ks-window`) only some systems.
 //!
 //! Other knobs: `BENCH_JAVA`, `BENCH_JAVA_OPTS` (default `-Xmx1g`), `BENCH_KEEP_WORK` (keep logs
 //! and state directories), `BENCH_PROCESSOR_LOG` and `BENCH_SYSTEM_PROPS` (see common/).
@@ -97,6 +101,9 @@ fn main() -> ExitCode {
     run(|_, topics| bench(&settings, topics))
 }
 
+/// The phases of a run, in order (`BENCH_PHASES` picks some).
+const PHASES: [&str; 3] = ["throughput", "latency", "recovery"];
+
 pub struct Settings {
     records: u64,
     runs: usize,
@@ -107,6 +114,10 @@ pub struct Settings {
     latency_warmup: Duration,
     latency_duration: Duration,
     recovery_keys: Vec<u64>,
+    /// The phases to run (`BENCH_PHASES`), all by default.
+    phases: Vec<String>,
+    /// The systems to run (`BENCH_PEERS`, by name), all by default.
+    peers: Vec<Peer>,
     pub ks_cache_bytes: u64,
     pub java: String,
     pub java_opts: Vec<String>,
@@ -132,7 +143,7 @@ impl Settings {
             latency_warmup: Duration::from_secs(env_num("BENCH_LATENCY_WARMUP_SECONDS", 30)),
             latency_duration: Duration::from_secs(env_num("BENCH_LATENCY_SECONDS", 20)),
             recovery_keys: var("BENCH_RECOVERY_KEYS")
-                .unwrap_or_else(|| "1000000,5000000".into())
+                .unwrap_or_else(|| "20000,1000000,5000000".into())
                 .split(',')
                 .filter(|n| !n.trim().is_empty())
                 .map(|n| {
@@ -141,6 +152,28 @@ impl Settings {
                         .unwrap_or_else(|_| panic!("BENCH_RECOVERY_KEYS: {n} is not a number"))
                 })
                 .collect(),
+            phases: var("BENCH_PHASES")
+                .unwrap_or_else(|| PHASES.join(","))
+                .split(',')
+                .map(|p| p.trim().to_string())
+                .inspect(|p| {
+                    assert!(
+                        PHASES.contains(&p.as_str()),
+                        "BENCH_PHASES: {p} is not one of {PHASES:?}"
+                    )
+                })
+                .collect(),
+            peers: var("BENCH_PEERS").map_or(Peer::ALL.to_vec(), |names| {
+                names
+                    .split(',')
+                    .map(|n| {
+                        Peer::ALL
+                            .into_iter()
+                            .find(|p| p.name() == n.trim())
+                            .unwrap_or_else(|| panic!("BENCH_PEERS: no system named {n}"))
+                    })
+                    .collect()
+            }),
             ks_cache_bytes: env_num("BENCH_KS_CACHE_BYTES", 0),
             java: var("BENCH_JAVA").unwrap_or_else(|| "java".into()),
             java_opts: var("BENCH_JAVA_OPTS")
@@ -165,9 +198,21 @@ impl Settings {
         self.keying == Keying::Unrelated
     }
 
+    fn runs(&self, phase: &str) -> bool {
+        self.phases.iter().any(|p| p == phase)
+    }
+
+    /// Of `peers`, those `BENCH_PEERS` selects.
+    fn selected<const N: usize>(&self, peers: [Peer; N]) -> Vec<Peer> {
+        peers
+            .into_iter()
+            .filter(|p| self.peers.contains(p))
+            .collect()
+    }
+
     /// Run `r`'s order: forwards, backwards, forwards...
     fn order<const N: usize>(&self, peers: [Peer; N], r: usize) -> Vec<Peer> {
-        let mut order = peers.to_vec();
+        let mut order = self.selected(peers);
         if r % 2 == 1 {
             order.reverse();
         }
@@ -219,68 +264,70 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     let mut measured = Measured::default();
 
     // ---- throughput, each run checked exactly once -------------------------------------------
-    let input = format!("{run}-in");
-    topics.create(&[&input]);
-    let started = Instant::now();
-    // Five retentions of record time, but at most a 100,000th of a retention per record: the
-    // repartition stage interleaves the input partitions' records, one partition ahead of
-    // another by thousands of records, and that disorder must stay well under the retention,
-    // or a store's stream time runs so far ahead that a repeat's first sighting has expired
-    // (in either system: a record older than stream time minus the retention counts as
-    // expired). Runs under 500,000 records therefore cover less than five retentions.
-    let span = (settings.retention * 5).min(
-        settings
-            .retention
-            .mul_f64(settings.records as f64 / MAX_RECORDS_PER_RETENTION),
-    );
-    // Repeats within a quarter retention of record time: 70% of the records are new ids.
-    let recent =
-        (settings.records as f64 * settings.retention.as_secs_f64() / 4.0 / span.as_secs_f64()
-            * 0.7) as u64;
-    let workload = Workload::new().keyed(settings.keying).recent(recent);
-    let dataset = produce_dataset(
-        &input,
-        settings.records,
-        workload,
-        RecordTime::Spread { span },
-    );
-    describe_dataset(&dataset, started.elapsed().as_secs_f64());
-    println!(
-        "throughput: record times span {span:?} ({:.1} retentions); measured from {:.0}% to {:.0}% of the input committed through every stage",
-        span.as_secs_f64() / settings.retention.as_secs_f64(),
-        100.0 * steady::WINDOW.0,
-        100.0 * steady::WINDOW.1
-    );
-    for r in 0..settings.runs {
-        println!("throughput run {}/{}:", r + 1, settings.runs);
-        for peer in settings.order(Peer::MEASURED, r) {
-            let id = format!("{run}-t{r}-{}", peer.name());
-            let app = App::create(
-                topics,
-                work.path(),
-                peer,
-                &id,
-                &input,
-                settings.repartitions(),
-                settings.retention,
-            );
-            let mut system = app.start(settings);
-            let fig = steady::measure_throughput(&mut system, settings.records);
-            if peer == Peer::Streamapp {
-                print_processor_metrics(&system);
-            }
-            system.stop();
-            if !app.check(&format!("  {}", peer.name()), &dataset) {
-                println!(
-                    "AN OUTPUT WAS NOT EXACTLY ONCE: no figure of this run means anything; stopping here (work dir kept)"
+    if settings.runs("throughput") {
+        let input = format!("{run}-in");
+        topics.create(&[&input]);
+        let started = Instant::now();
+        // Five retentions of record time, but at most a 100,000th of a retention per record: the
+        // repartition stage interleaves the input partitions' records, one partition ahead of
+        // another by thousands of records, and that disorder must stay well under the retention,
+        // or a store's stream time runs so far ahead that a repeat's first sighting has expired
+        // (in either system: a record older than stream time minus the retention counts as
+        // expired). Runs under 500,000 records therefore cover less than five retentions.
+        let span = (settings.retention * 5).min(
+            settings
+                .retention
+                .mul_f64(settings.records as f64 / MAX_RECORDS_PER_RETENTION),
+        );
+        // Repeats within a quarter retention of record time: 70% of the records are new ids.
+        let recent =
+            (settings.records as f64 * settings.retention.as_secs_f64() / 4.0 / span.as_secs_f64()
+                * 0.7) as u64;
+        let workload = Workload::new().keyed(settings.keying).recent(recent);
+        let dataset = produce_dataset(
+            &input,
+            settings.records,
+            workload,
+            RecordTime::Spread { span },
+        );
+        describe_dataset(&dataset, started.elapsed().as_secs_f64());
+        println!(
+            "throughput: record times span {span:?} ({:.1} retentions); measured from {:.0}% to {:.0}% of the input committed through every stage",
+            span.as_secs_f64() / settings.retention.as_secs_f64(),
+            100.0 * steady::WINDOW.0,
+            100.0 * steady::WINDOW.1
+        );
+        for r in 0..settings.runs {
+            println!("throughput run {}/{}:", r + 1, settings.runs);
+            for peer in settings.order(Peer::MEASURED, r) {
+                let id = format!("{run}-t{r}-{}", peer.name());
+                let app = App::create(
+                    topics,
+                    work.path(),
+                    peer,
+                    &id,
+                    &input,
+                    settings.repartitions(),
+                    settings.retention,
                 );
-                return false;
+                let mut system = app.start(settings);
+                let fig = steady::measure_throughput(&mut system, settings.records);
+                if peer == Peer::Streamapp {
+                    print_processor_metrics(&system);
+                }
+                system.stop();
+                if !app.check(&format!("  {}", peer.name()), &dataset) {
+                    println!(
+                        "AN OUTPUT WAS NOT EXACTLY ONCE: no figure of this run means anything; stopping here (work dir kept)"
+                    );
+                    return false;
+                }
+                app.remove(topics);
+                measured.throughput.push((peer, fig));
             }
-            app.remove(topics);
-            measured.throughput.push((peer, fig));
         }
+        topics.delete_all();
     }
-    topics.delete_all();
 
     // ---- latency at the same fraction of each system's own maximum -------------------------
     let mut steady_state = true;
@@ -317,7 +364,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         settings.latency_warmup,
         settings.latency_duration
     );
-    for r in 0..settings.runs {
+    for r in (0..settings.runs).filter(|_| settings.runs("latency")) {
         println!("latency run {}/{}:", r + 1, settings.runs);
         for peer in settings.order(Peer::LATENCY, r) {
             let rate = rates.iter().find(|(p, _)| *p == peer).expect("a rate").1;
@@ -366,10 +413,14 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
 
     // ---- recovery after kill -9 --------------------------------------------------------------
     let mut correct = true;
-    for &keys in &settings.recovery_keys {
+    for &keys in settings
+        .recovery_keys
+        .iter()
+        .filter(|_| settings.runs("recovery"))
+    {
         println!("recovery after kill -9 with {keys} keys in the store:");
         let mut row = Vec::new();
-        for peer in Peer::RECOVERED {
+        for peer in settings.selected(Peer::RECOVERED) {
             // An input of its own per system (the same records each time): the live traffic and
             // the records sent during one system's crash must not reach the next system.
             let id = format!("{run}-rec{keys}-{}", peer.name());

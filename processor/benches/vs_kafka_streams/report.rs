@@ -206,6 +206,35 @@ impl Table {
             "peak RSS at most 1/4 of the Kafka Streams JVM's",
             4.0,
         );
+        // Issue 14: recovery after kill -9 that does not grow with the store.
+        let first_outputs: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| r.metric.ends_with(": first output"))
+            .collect();
+        if let (Some(small), Some(large)) = (first_outputs.first(), first_outputs.last())
+            && first_outputs.len() > 1
+            && let (Some(s), Some(l)) = (small.get(Peer::Streamapp), large.get(Peer::Streamapp))
+        {
+            println!(
+                "goal: recovery flat in store size, {} within 1.5x of {}: {:.2}x — {}",
+                large.metric,
+                small.metric,
+                l / s,
+                verdict(l <= 1.5 * s)
+            );
+        }
+        if let Some(large) = first_outputs.last()
+            && let (Some(ours), Some(wipe)) =
+                (large.get(Peer::Streamapp), large.get(Peer::KsWindow))
+        {
+            println!(
+                "goal: {} at least 10x faster than Kafka Streams' wipe-and-restore: {:.1}x — {}",
+                large.metric,
+                wipe / ours,
+                verdict(wipe >= 10.0 * ours)
+            );
+        }
         for row in self.rows.iter().filter(|r| r.metric.ends_with(": load")) {
             if let Some((peer, a)) = row.vs_best() {
                 println!(
