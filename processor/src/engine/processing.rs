@@ -294,7 +294,13 @@ impl Engine {
             }
             return Ok(());
         }
-        task.staged.put(&id, record.time);
+        // Not a duplicate. The store keeps the later of two first sightings (the changelog
+        // replays the same rule): an out-of-order record older than the store's by more
+        // than the retention leaves it as it is, so every staged put is newer than what the
+        // store holds and the apply after the commit need not read it again.
+        if first_seen.is_none_or(|f| f < record.time) {
+            task.staged.put(&id, record.time);
+        }
         let changelog = self.cfg.changelog_topic.clone();
         self.send(
             Outgoing {

@@ -175,7 +175,7 @@ impl Engine {
             }
             task.staged.input_offset = task.position;
             if let Some(store) = task.store.as_mut()
-                && let Err(e) = store.apply(&task.staged)
+                && let Err(e) = store.apply_decided(&task.staged)
             {
                 // The data is safe in the changelog: the store catches up from it.
                 failed.push((task.partition, e));

@@ -88,6 +88,15 @@ pub struct StoreMeta {
     pub expired_through: Option<i64>,
 }
 
+/// What [`TaskStore::apply_at`] may assume about the ids it puts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// Nothing: read each id, and keep a later time the store already holds.
+    Check,
+    /// Each put is newer than what the store holds for its id (if anything).
+    Older,
+}
+
 /// Writes of one open transaction (or one restore chunk), not yet in RocksDB.
 #[derive(Clone, Debug, Default)]
 pub struct Staged {
@@ -261,12 +270,19 @@ impl TaskStore {
     /// and every entry older than the retention before the newest stream time is gone (within
     /// [`EXPIRY_CHUNK`] entries per call).
     pub fn apply(&mut self, staged: &Staged) -> Result<()> {
-        self.apply_at(staged, crate::shared::now_ms())
+        self.apply_at(staged, crate::shared::now_ms(), Existing::Check)
+    }
+
+    /// [`TaskStore::apply`] of writes the engine decided against this store: each put is of
+    /// an id the store does not hold, or holds with an older time, so the store is not read
+    /// again for it.
+    pub fn apply_decided(&mut self, staged: &Staged) -> Result<()> {
+        self.apply_at(staged, crate::shared::now_ms(), Existing::Older)
     }
 
     /// [`TaskStore::apply`] with the wall clock given: stream time never moves beyond
     /// `now_ms` plus the window's maximum skew, whatever times the records carry.
-    pub fn apply_at(&mut self, staged: &Staged, now_ms: i64) -> Result<()> {
+    pub fn apply_at(&mut self, staged: &Staged, now_ms: i64, existing: Existing) -> Result<()> {
         let mut batch = WriteBatch::default();
         let mut meta = self.meta.clone();
         if let Some(t) = staged.stream_time {
@@ -287,7 +303,9 @@ impl TaskStore {
             if cutoff.is_some_and(|c| time < c) {
                 continue; // already outside the window: expired on arrival
             }
-            if self.first_seen(id)?.is_some_and(|existing| existing > time) {
+            if existing == Existing::Check
+                && self.first_seen(id)?.is_some_and(|existing| existing > time)
+            {
                 continue; // a later put of the same id wins, whatever the order
             }
             batch.put(id_key(id), time.to_be_bytes());
@@ -742,13 +760,13 @@ mod tests {
                 now - 2 * HOUR.as_millis() as i64,
             );
         }
-        store.apply_at(&staged, now).unwrap();
+        store.apply_at(&staged, now, Existing::Check).unwrap();
         assert_eq!(store.id_count().unwrap(), n as u64);
         // Stream time moves past them all: each apply removes one chunk.
         for left in [n - EXPIRY_CHUNK, n - 2 * EXPIRY_CHUNK, 0] {
             let mut staged = Staged::default();
             staged.put(b"new", now);
-            store.apply_at(&staged, now).unwrap();
+            store.apply_at(&staged, now, Existing::Check).unwrap();
             assert_eq!(store.id_count().unwrap() - 1, left as u64);
         }
         assert_eq!(
@@ -764,11 +782,11 @@ mod tests {
         let now = 100 * HOUR.as_millis() as i64;
         let mut staged = Staged::default();
         staged.put(b"recent", now - 1000);
-        store.apply_at(&staged, now).unwrap();
+        store.apply_at(&staged, now, Existing::Check).unwrap();
         let hundred_years = 100 * 365 * 24 * HOUR.as_millis() as i64;
         let mut staged = Staged::default();
         staged.observe_time(now + hundred_years);
-        store.apply_at(&staged, now).unwrap();
+        store.apply_at(&staged, now, Existing::Check).unwrap();
         assert_eq!(
             store.meta().stream_time,
             Some(now + WINDOW.max_skew.as_millis() as i64)

@@ -60,6 +60,10 @@ pub fn rocksdb_options(
     opts.set_write_buffer_manager(&memory.write_buffers);
     opts.set_block_based_table_factory(&table);
     opts.set_write_buffer_size(tuning.write_buffer_bytes as usize);
+    // Most lookups are of ids never seen (first occurrences): a bloom filter over the
+    // memtables' whole keys answers those without walking each memtable's skip list.
+    opts.set_memtable_whole_key_filtering(true);
+    opts.set_memtable_prefix_bloom_ratio(0.1);
     opts.set_max_write_buffer_number(tuning.max_write_buffer_number);
     opts.set_compression_type(match tuning.compression {
         Compression::None => DBCompressionType::None,
