@@ -180,11 +180,6 @@ impl Restorer {
         }
     }
 
-    /// Whether `partition` is being restored.
-    pub fn restoring(&self, partition: i32) -> bool {
-        self.partitions.contains_key(&partition)
-    }
-
     /// Whether `partition` is being read (restoring, and not waiting for an open transaction
     /// to end).
     pub fn reading(&self, partition: i32) -> bool {
@@ -323,6 +318,7 @@ impl Restorer {
                 Some(Err(KafkaError::PartitionEOF(p))) => {
                     at_end.insert(p);
                 }
+                // Not about one partition: the reader itself failed (-1 names none).
                 Some(Err(e)) => return Err(self.kafka_err(-1)(e)),
             }
         }
