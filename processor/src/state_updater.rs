@@ -208,7 +208,7 @@ impl Worker {
     fn serve(&mut self, request: Request) {
         match request {
             Request::Restore { partition, store } => {
-                self.restorer.stop(partition);
+                // `begin` starts the partition over if it was being restored.
                 match self.restorer.begin(partition, &store) {
                     Ok(to_restore) => {
                         self.send(Update::Began {

@@ -380,12 +380,6 @@ impl TaskStore {
         Ok(())
     }
 
-    /// Reads every key with checksums verified: finds damaged SST blocks that opening the
-    /// store does not touch. What the background [`Verifier`] does in paced chunks.
-    pub fn verify(&self) -> Result<u64> {
-        verify::scan(&self.db, &self.path, None, usize::MAX).map(|(n, _)| n)
-    }
-
     /// Ids the store remembers (exact count; scans the id range).
     pub fn id_count(&self) -> Result<u64> {
         count_ids(&self.db, &self.path)
@@ -564,14 +558,14 @@ mod tests {
         max_skew: Duration::from_secs(300),
     };
 
-    fn changelog(partition: i32) -> ChangelogIdentity {
+    pub(super) fn changelog(partition: i32) -> ChangelogIdentity {
         ChangelogIdentity {
             topic: "app-dedup-changelog".into(),
             partition,
         }
     }
 
-    fn try_open(dir: &Path, changelog: &ChangelogIdentity) -> Result<TaskStore> {
+    pub(super) fn try_open(dir: &Path, changelog: &ChangelogIdentity) -> Result<TaskStore> {
         let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
         TaskStore::open(
             dir,

@@ -189,7 +189,7 @@ fn run(job: &Job, pace: &Pace, stopping: &AtomicBool) -> Option<Result<u64>> {
 /// Reads up to `limit` keys after `after` (from the start when `None`) with checksums
 /// verified, without filling the block cache. Returns how many were read and, when it stopped
 /// at `limit`, the last one (where the next chunk starts).
-pub(super) fn scan(
+fn scan(
     db: &DB,
     path: &Path,
     after: Option<&[u8]>,
@@ -219,26 +219,10 @@ pub(super) fn scan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{ChangelogIdentity, SharedMemory, Staged, Window};
-    use streamapp_api::config::{ResolvedRocksDb, RocksDbProfile};
+    use crate::store::Staged;
 
     fn open(dir: &Path) -> TaskStore {
-        let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
-        TaskStore::open(
-            dir,
-            None,
-            &tuning,
-            &SharedMemory::new(&tuning),
-            Window {
-                retention: Duration::from_secs(3600),
-                max_skew: Duration::from_secs(300),
-            },
-            &ChangelogIdentity {
-                topic: "app-dedup-changelog".into(),
-                partition: 0,
-            },
-        )
-        .unwrap()
+        crate::store::tests::try_open(dir, &crate::store::tests::changelog(0)).unwrap()
     }
 
     fn fill(store: &mut TaskStore, ids: usize) {
@@ -267,7 +251,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = open(dir.path());
         fill(&mut store, 25_001); // two ids keys each, plus metadata: several chunks
-        let whole = store.verify().unwrap();
+        let (whole, _) = scan(&store.db, &store.path, None, usize::MAX).unwrap();
         assert!(whole > 50_000, "{whole}");
         let verifier = Verifier::start(u64::MAX / 2);
         verifier.verify(0, &store, VerificationReason::Periodic);
