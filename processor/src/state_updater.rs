@@ -26,7 +26,7 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 enum Request {
     Restore {
         partition: i32,
-        store: TaskStore,
+        store: Box<TaskStore>,
     },
     Take {
         partition: i32,
@@ -95,7 +95,10 @@ impl StateUpdater {
 
     /// Hands `store` over to be restored from its own changelog offset to the end.
     pub fn restore(&self, partition: i32, store: TaskStore) {
-        self.send(Request::Restore { partition, store });
+        self.send(Request::Restore {
+            partition,
+            store: Box::new(store),
+        });
     }
 
     /// Takes the partition's store back (its restore stops), if it was handed over: from the
@@ -208,6 +211,7 @@ impl Worker {
     fn serve(&mut self, request: Request) {
         match request {
             Request::Restore { partition, store } => {
+                let store = *store;
                 // `begin` starts the partition over if it was being restored.
                 match self.restorer.begin(partition, &store) {
                     Ok(to_restore) => {

@@ -95,7 +95,7 @@ impl Engine {
                 task.restore_started = None;
             }
             Command::FlushStore => {
-                if let Some(store) = &task.store {
+                if let Some(store) = &mut task.store {
                     store.flush()?;
                 }
             }

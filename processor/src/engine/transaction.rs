@@ -139,6 +139,7 @@ impl Engine {
             return Ok(());
         };
         await_deliveries(&self.producer, TXN_CALL_TIMEOUT);
+        let delivered = commit_start.elapsed();
         let failures = self.producer.context().take_failures();
         if !failures.is_empty() {
             return self.on_produce_errors(consumer, failures);
@@ -148,6 +149,7 @@ impl Engine {
             self.producer
                 .send_offsets_to_transaction(&positions, &group, TXN_CALL_TIMEOUT)
         });
+        let offsets_sent = commit_start.elapsed();
         let committed = sent.and_then(|()| {
             retry_txn(&shared, || {
                 self.producer.commit_transaction(TXN_CALL_TIMEOUT)
@@ -161,6 +163,7 @@ impl Engine {
             }
             return self.on_txn_failure(consumer, "commit", &e, started.elapsed());
         }
+        let ended = commit_start.elapsed();
         let txn = self.txn.take().expect("open");
         self.metrics.transactions_committed.inc();
         self.transient_aborts = 0;
@@ -174,13 +177,14 @@ impl Engine {
                 task.at_commit_marker = true;
             }
             task.staged.input_offset = task.position;
+            // Written on a thread of the store's own while the next transaction is processed.
+            let staged = std::mem::take(&mut task.staged);
             if let Some(store) = task.store.as_mut()
-                && let Err(e) = store.apply_decided(&task.staged)
+                && let Err(e) = store.apply_decided(staged)
             {
                 // The data is safe in the changelog: the store catches up from it.
                 failed.push((task.partition, e));
             }
-            task.staged.clear();
             task.committed = task.position;
             task.dirty = false;
             task.health.committed_offset = task.committed;
@@ -219,6 +223,10 @@ impl Engine {
             .observe(commit_start.elapsed().as_secs_f64());
         debug!(
             txn_ms = started.elapsed().as_millis() as u64,
+            deliveries_us = delivered.as_micros() as u64,
+            offsets_us = (offsets_sent - delivered).as_micros() as u64,
+            end_us = (ended - offsets_sent).as_micros() as u64,
+            apply_us = (commit_start.elapsed() - ended).as_micros() as u64,
             "transaction committed"
         );
         Ok(())

@@ -17,6 +17,7 @@
 //! - `m/<name>`      → metadata: changelog topic and partition, changelog offset, input offset,
 //!   stream time, expired-through
 
+mod apply;
 mod fault;
 mod options;
 mod verify;
@@ -27,9 +28,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rocksdb::{DB, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions};
+use rocksdb::{DB, IteratorMode, Options, ReadOptions, WriteBatch};
 use streamapp_api::config::ResolvedRocksDb;
 
+use apply::{Applying, Database};
 pub use fault::{Fault, Result, StoreError, classify_io, classify_rocksdb};
 pub use options::{SharedMemory, rocksdb_options};
 pub use verify::{Verifier, VerifyOutcome};
@@ -141,16 +143,18 @@ static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
 /// handle it upgrades for one bounded chunk of keys at a time; dropping the store raises
 /// `closing` and waits for such a chunk to end, so the database is closed (and its lock
 /// released) by the time the store is gone.
+///
+/// Committed writes the engine hands over with [`TaskStore::apply_decided`] are written on a
+/// thread of their own while the next transaction is processed; lookups see them at once
+/// (`apply.rs`), and every other use of the store waits for them first.
 pub struct TaskStore {
-    db: Arc<DB>,
+    database: Database,
     closing: Arc<AtomicBool>,
     id: u64,
-    path: PathBuf,
     wal_dir: PathBuf,
-    window: Window,
-    write_opts_sync: bool,
-    wal_enabled: bool,
+    /// What the store reflects once a background apply is written.
     meta: StoreMeta,
+    applying: Option<Applying>,
 }
 
 impl TaskStore {
@@ -180,19 +184,24 @@ impl TaskStore {
         let opts = rocksdb_options(tuning, memory, wal_dir);
         let db = DB::open(&opts, path).map_err(|e| StoreError::from_rocksdb(path, e))?;
         let mut store = TaskStore {
-            db: Arc::new(db),
+            database: Database {
+                db: Arc::new(db),
+                path: path.to_path_buf(),
+                window,
+                sync_on_commit: tuning.wal_sync_on_commit,
+                wal_enabled: tuning.wal_enabled,
+                lookup: Arc::new(ReadOptions::default()),
+            },
             closing: Arc::new(AtomicBool::new(false)),
             id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
-            path: path.to_path_buf(),
             wal_dir: wal_dir
                 .map(Path::to_path_buf)
                 .unwrap_or_else(|| path.to_path_buf()),
-            window,
-            write_opts_sync: tuning.wal_sync_on_commit,
-            wal_enabled: tuning.wal_enabled,
             meta: StoreMeta::default(),
+            applying: None,
         };
-        match store.get_raw(META_FORMAT)? {
+        let database = &store.database;
+        match database.get_raw(META_FORMAT)? {
             None => store.put_meta(META_FORMAT, FORMAT_VERSION)?,
             Some(v) if v == FORMAT_VERSION => {}
             Some(v) => {
@@ -203,11 +212,12 @@ impl TaskStore {
             }
         }
         store.check_identity(changelog)?;
+        let database = &store.database;
         store.meta = StoreMeta {
-            changelog_offset: store.get_i64(META_CHANGELOG_OFFSET)?,
-            input_offset: store.get_i64(META_INPUT_OFFSET)?,
-            stream_time: store.get_i64(META_STREAM_TIME)?,
-            expired_through: store.get_i64(META_EXPIRED_THROUGH)?,
+            changelog_offset: database.get_i64(META_CHANGELOG_OFFSET)?,
+            input_offset: database.get_i64(META_INPUT_OFFSET)?,
+            stream_time: database.get_i64(META_STREAM_TIME)?,
+            expired_through: database.get_i64(META_EXPIRED_THROUGH)?,
         };
         Ok(store)
     }
@@ -216,8 +226,8 @@ impl TaskStore {
     /// of earlier versions adopt the one they are opened for); opened for another, it is
     /// damaged as far as this task is concerned.
     fn check_identity(&mut self, changelog: &ChangelogIdentity) -> Result<()> {
-        let topic = self.get_raw(META_CHANGELOG_TOPIC)?;
-        let partition = self.get_i64(META_CHANGELOG_PARTITION)?;
+        let topic = self.database.get_raw(META_CHANGELOG_TOPIC)?;
+        let partition = self.database.get_i64(META_CHANGELOG_PARTITION)?;
         match (topic, partition) {
             (Some(t), Some(p))
                 if t == changelog.topic.as_bytes() && p == changelog.partition as i64 =>
@@ -225,7 +235,7 @@ impl TaskStore {
                 Ok(())
             }
             (Some(t), Some(p)) => Err(StoreError::damaged(
-                &self.path,
+                &self.database.path,
                 format!(
                     "the store belongs to changelog {} partition {p}, not {} partition {}",
                     String::from_utf8_lossy(&t),
@@ -240,13 +250,13 @@ impl TaskStore {
                     META_CHANGELOG_PARTITION,
                     (changelog.partition as i64).to_be_bytes(),
                 );
-                self.write(batch)
+                self.database.write(batch)
             }
         }
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.database.path
     }
 
     /// This open store among all the stores this process opened.
@@ -254,13 +264,17 @@ impl TaskStore {
         self.id
     }
 
+    /// The offsets and clocks the store reflects (a background apply counts: lookups see it).
     pub fn meta(&self) -> &StoreMeta {
         &self.meta
     }
 
     /// First-seen time of `id`, if the store remembers it.
     pub fn first_seen(&self, id: &[u8]) -> Result<Option<i64>> {
-        self.get_i64(&id_key(id))
+        if let Some(time) = self.applying.as_ref().and_then(|a| a.first_seen(id)) {
+            return Ok(Some(time));
+        }
+        self.database.first_seen(id)
     }
 
     /// Applies committed writes, their offsets and the expiry they allow, atomically.
@@ -273,108 +287,71 @@ impl TaskStore {
         self.apply_at(staged, crate::shared::now_ms(), Existing::Check)
     }
 
-    /// [`TaskStore::apply`] of writes the engine decided against this store: each put is of
-    /// an id the store does not hold, or holds with an older time, so the store is not read
-    /// again for it.
-    pub fn apply_decided(&mut self, staged: &Staged) -> Result<()> {
-        self.apply_at(staged, crate::shared::now_ms(), Existing::Older)
+    /// [`TaskStore::apply`] of a committed transaction's writes, decided against this store
+    /// (each put is of an id the store does not hold, or holds with an older time, so it is
+    /// not read again), written on a thread of its own: the call returns at once, lookups
+    /// see the writes, and the next use of the store other than a lookup waits for them.
+    /// Returns the failure of the previous background apply, if it failed (its writes are
+    /// then not in the store, and these are not started).
+    pub fn apply_decided(&mut self, staged: Staged) -> Result<()> {
+        self.settle()?;
+        let plan = self
+            .database
+            .plan(&self.meta, &staged, crate::shared::now_ms());
+        let planned = plan.meta.clone();
+        let applying = Applying::start(&self.database, plan, staged, self.meta.clone())?;
+        self.meta = planned;
+        self.applying = Some(applying);
+        Ok(())
     }
 
     /// [`TaskStore::apply`] with the wall clock given: stream time never moves beyond
     /// `now_ms` plus the window's maximum skew, whatever times the records carry.
     pub fn apply_at(&mut self, staged: &Staged, now_ms: i64, existing: Existing) -> Result<()> {
-        let mut batch = WriteBatch::default();
-        let mut meta = self.meta.clone();
-        if let Some(t) = staged.stream_time {
-            let bounded = t.min(now_ms.saturating_add(self.window.max_skew_ms()));
-            meta.stream_time = Some(meta.stream_time.map_or(bounded, |s| s.max(bounded)));
-        }
-        let cutoff = meta
-            .stream_time
-            .map(|t| t.saturating_sub(self.window.retention_ms()));
-        // Expiry first: a put of this batch for an expiring id must win over its delete.
-        if let Some(cutoff) = cutoff
-            && meta.expired_through.is_none_or(|e| e < cutoff)
-        {
-            meta.expired_through =
-                Some(self.expire_into(&mut batch, meta.expired_through, cutoff)?);
-        }
-        for (id, &time) in &staged.puts {
-            if cutoff.is_some_and(|c| time < c) {
-                continue; // already outside the window: expired on arrival
-            }
-            if existing == Existing::Check
-                && self.first_seen(id)?.is_some_and(|existing| existing > time)
-            {
-                continue; // a later put of the same id wins, whatever the order
-            }
-            batch.put(id_key(id), time.to_be_bytes());
-            batch.put(time_key(time, id), []);
-        }
-        if let Some(o) = staged.changelog_offset {
-            meta.changelog_offset = Some(o);
-        }
-        if let Some(o) = staged.input_offset {
-            meta.input_offset = Some(o);
-        }
-        for (key, value) in [
-            (META_CHANGELOG_OFFSET, meta.changelog_offset),
-            (META_INPUT_OFFSET, meta.input_offset),
-            (META_STREAM_TIME, meta.stream_time),
-            (META_EXPIRED_THROUGH, meta.expired_through),
-        ] {
-            if let Some(v) = value {
-                batch.put(key, v.to_be_bytes());
-            }
-        }
-        self.write(batch)?;
-        self.meta = meta;
+        self.settle()?;
+        let plan = self.database.plan(&self.meta, staged, now_ms);
+        self.meta = self.database.write_planned(plan, staged, existing)?;
         Ok(())
     }
 
-    /// Adds deletes for expiry index entries in `[from, cutoff)` and the ids they still own,
-    /// at most [`EXPIRY_CHUNK`] of them. Returns how far expiry got: `cutoff` when it is done,
-    /// otherwise the time of the first entry left (entries before it are gone).
-    fn expire_into(&self, batch: &mut WriteBatch, from: Option<i64>, cutoff: i64) -> Result<i64> {
-        let mut ro = ReadOptions::default();
-        // Start after what was already expired: iterating over old tombstones gets slow.
-        let lower = time_key(from.unwrap_or(i64::MIN), b"");
-        ro.set_iterate_lower_bound(lower.clone());
-        ro.set_iterate_upper_bound(time_key(cutoff, b""));
-        let iter = self
-            .db
-            .iterator_opt(IteratorMode::From(&lower, rocksdb::Direction::Forward), ro);
-        for (removed, item) in iter.enumerate() {
-            let (key, _) = item.map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
-            let (time, id) = parse_time_key(&key)
-                .ok_or_else(|| StoreError::damaged(&self.path, "malformed expiry index key"))?;
-            if removed == EXPIRY_CHUNK {
-                return Ok(time);
+    /// Waits for a background apply to be written; its failure, if it failed (the store is
+    /// then as it was before it).
+    pub fn settle(&mut self) -> Result<()> {
+        let Some(applying) = self.applying.take() else {
+            return Ok(());
+        };
+        let before = applying.before.clone();
+        match applying.finish(&self.database) {
+            Ok(meta) => {
+                self.meta = meta;
+                Ok(())
             }
-            batch.delete(&key);
-            // The id may have been seen again later (a newer entry): keep it then.
-            if self.first_seen(id)? == Some(time) {
-                batch.delete(id_key(id));
+            Err(e) => {
+                self.meta = before;
+                Err(e)
             }
         }
-        Ok(cutoff)
     }
 
-    /// Flushes memtables to SST files and syncs the WAL.
-    pub fn flush(&self) -> Result<()> {
-        if self.wal_enabled {
-            self.db
+    /// Flushes memtables to SST files and syncs the WAL (after a background apply is written).
+    pub fn flush(&mut self) -> Result<()> {
+        self.settle()?;
+        let database = &self.database;
+        if database.wal_enabled {
+            database
+                .db
                 .flush_wal(true)
-                .map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
+                .map_err(|e| StoreError::from_rocksdb(&database.path, e))?;
         }
-        self.db
+        database
+            .db
             .flush()
-            .map_err(|e| StoreError::from_rocksdb(&self.path, e))
+            .map_err(|e| StoreError::from_rocksdb(&database.path, e))
     }
 
     /// Flushes and closes the store: afterwards nothing writes to it, so a checkpoint written
     /// now is the truth about it. What a drain and the end of a suspension do.
-    pub fn close(self) -> Result<()> {
+    pub fn close(mut self) -> Result<()> {
         self.flush()?;
         drop(self); // closes the database (see Drop)
         Ok(())
@@ -382,12 +359,13 @@ impl TaskStore {
 
     /// Ids the store remembers (exact count; scans the id range).
     pub fn id_count(&self) -> Result<u64> {
-        count_ids(&self.db, &self.path)
+        count_ids(&self.database.db, &self.database.path)
     }
 
     /// RocksDB's estimate of the number of keys (cheap).
     pub fn estimated_keys(&self) -> u64 {
-        self.db
+        self.database
+            .db
             .property_int_value("rocksdb.estimate-num-keys")
             .ok()
             .flatten()
@@ -396,7 +374,8 @@ impl TaskStore {
 
     /// Bytes of live SST files.
     pub fn sst_bytes(&self) -> u64 {
-        self.db
+        self.database
+            .db
             .property_int_value("rocksdb.live-sst-files-size")
             .ok()
             .flatten()
@@ -411,51 +390,20 @@ impl TaskStore {
     fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<()> {
         let mut batch = WriteBatch::default();
         batch.put(key, value);
-        self.write(batch)
-    }
-
-    fn write(&self, batch: WriteBatch) -> Result<()> {
-        let mut wo = WriteOptions::default();
-        wo.set_sync(self.wal_enabled && self.write_opts_sync);
-        wo.disable_wal(!self.wal_enabled);
-        self.db
-            .write_opt(batch, &wo)
-            .map_err(|e| StoreError::from_rocksdb(&self.path, e))
-    }
-
-    fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.db
-            .get(key)
-            .map_err(|e| StoreError::from_rocksdb(&self.path, e))
-    }
-
-    fn get_i64(&self, key: &[u8]) -> Result<Option<i64>> {
-        match self.get_raw(key)? {
-            None => Ok(None),
-            Some(v) => {
-                let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| {
-                    StoreError::damaged(
-                        &self.path,
-                        format!(
-                            "value of {} is {} bytes, expected 8",
-                            String::from_utf8_lossy(key),
-                            v.len()
-                        ),
-                    )
-                })?;
-                Ok(Some(i64::from_be_bytes(bytes)))
-            }
-        }
+        self.database.write(batch)
     }
 }
 
 impl Drop for TaskStore {
     fn drop(&mut self) {
+        // A batch being written finishes first (a failure changes nothing now: the changelog
+        // holds its records, the next open replays them).
+        let _ = self.settle();
         self.closing.store(true, Ordering::SeqCst);
         // The verifier holds the database for one chunk at most (milliseconds); it sees
         // `closing` before it takes the next one.
         let deadline = Instant::now() + Duration::from_secs(30);
-        while Arc::strong_count(&self.db) > 1 && Instant::now() < deadline {
+        while Arc::strong_count(&self.database.db) > 1 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -683,6 +631,60 @@ mod tests {
         }
         assert_eq!(results[0], results[1]);
         assert_eq!(results[1], results[2]);
+    }
+
+    #[test]
+    fn a_batch_written_in_the_background_is_seen_at_once_and_survives_a_close() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut store = open(dir.path());
+            let mut staged = Staged::default();
+            staged.put(b"cmd-1", 1_000);
+            staged.changelog_offset = Some(7);
+            staged.input_offset = Some(3);
+            store.apply_decided(staged).unwrap();
+            // Not waited for: the lookup answers from the batch being written.
+            assert_eq!(store.first_seen(b"cmd-1").unwrap(), Some(1_000));
+            assert_eq!(store.meta().changelog_offset, Some(7));
+            // Dropped without waiting: the drop lets the write finish.
+        }
+        let mut store = open(dir.path());
+        assert_eq!(store.first_seen(b"cmd-1").unwrap(), Some(1_000));
+        assert_eq!(store.meta().changelog_offset, Some(7));
+        assert_eq!(store.meta().input_offset, Some(3));
+        store.settle().unwrap();
+    }
+
+    #[test]
+    fn lookups_during_a_background_apply_see_what_the_store_holds_after_it() {
+        let hour = HOUR.as_millis() as i64;
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        let mut first = Staged::default();
+        first.put(b"kept", hour + hour / 2);
+        first.put(b"seen-again", hour + 20);
+        store.apply(&first).unwrap();
+        // Decided against the store: each put newer than what it holds.
+        let mut second = Staged::default();
+        second.put(b"new", 2 * hour + 30);
+        second.put(b"seen-again", 2 * hour + 40);
+        second.put(b"late", 50); // before the window once stream time is 2 h: not written
+        let ids: [&[u8]; 5] = [b"kept", b"seen-again", b"new", b"late", b"never"];
+        store.apply_decided(second).unwrap();
+        let during: Vec<_> = ids.iter().map(|id| store.first_seen(id).unwrap()).collect();
+        store.settle().unwrap();
+        let after: Vec<_> = ids.iter().map(|id| store.first_seen(id).unwrap()).collect();
+        assert_eq!(during, after);
+        assert_eq!(
+            after,
+            [
+                Some(hour + hour / 2),
+                Some(2 * hour + 40),
+                Some(2 * hour + 30),
+                None,
+                None
+            ]
+        );
     }
 
     #[test]

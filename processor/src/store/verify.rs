@@ -97,9 +97,9 @@ impl Verifier {
             partition,
             store_id: store.id,
             reason,
-            db: Arc::downgrade(&store.db),
+            db: Arc::downgrade(&store.database.db),
             closing: store.closing.clone(),
-            path: store.path.clone(),
+            path: store.database.path.clone(),
         };
         if let Some(jobs) = &self.jobs
             && jobs.send(job).is_err()
@@ -251,7 +251,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = open(dir.path());
         fill(&mut store, 25_001); // two ids keys each, plus metadata: several chunks
-        let (whole, _) = scan(&store.db, &store.path, None, usize::MAX).unwrap();
+        let (whole, _) = scan(&store.database.db, &store.database.path, None, usize::MAX).unwrap();
         assert!(whole > 50_000, "{whole}");
         let verifier = Verifier::start(u64::MAX / 2);
         verifier.verify(0, &store, VerificationReason::Periodic);
