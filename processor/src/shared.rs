@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use streamapp_api::health::{DrainRequest, ProcessorHealth, ProcessorPhase};
 use tokio::sync::watch;
 
+use crate::health_file::HealthFile;
 use crate::state_dir::StateDir;
 
 /// How often the health file is rewritten at most, unless the phase changes.
@@ -31,8 +32,7 @@ pub struct Shared {
     started: Instant,
     /// Milliseconds after `started` of the loop's latest progress.
     progress_ms: AtomicU64,
-    /// The last health file write failed (a full volume): said once, not every second.
-    health_file_failing: AtomicBool,
+    health_file: HealthFile,
 }
 
 pub fn now_ms() -> i64 {
@@ -44,14 +44,14 @@ pub fn now_ms() -> i64 {
 impl Shared {
     pub fn new(state_dir: StateDir, health: ProcessorHealth) -> Self {
         Shared {
-            state_dir,
             health: Mutex::new((health, None)),
             ready: AtomicBool::new(false),
             drain_requested: AtomicBool::new(false),
             drain_tx: watch::channel(None).0,
             started: Instant::now(),
             progress_ms: AtomicU64::new(0),
-            health_file_failing: AtomicBool::new(false),
+            health_file: HealthFile::start(state_dir.health_file()),
+            state_dir,
         }
     }
 
@@ -97,28 +97,26 @@ impl Shared {
         self.health.lock().unwrap().0.clone()
     }
 
-    /// Changes the report and writes the health file: at once when `f` changed the phase or
-    /// `force` is set, otherwise at most once per [`HEALTH_FILE_INTERVAL`].
+    /// Changes the report and writes the health file: at once, returning once it is on disk,
+    /// when `f` changed the phase or `force` is set; otherwise at most once per
+    /// [`HEALTH_FILE_INTERVAL`], by the file's writer thread while the caller goes on.
     pub fn update(&self, force: bool, f: impl FnOnce(&mut ProcessorHealth)) {
         let mut guard = self.health.lock().unwrap();
         let (health, last_write) = &mut *guard;
         let phase = health.phase;
         f(health);
         let due = last_write.is_none_or(|t| t.elapsed() >= HEALTH_FILE_INTERVAL);
-        if force || due || health.phase != phase {
+        let at_once = force || health.phase != phase;
+        if at_once || due {
             health.updated_at_ms = now_ms();
             let bytes = serde_json::to_vec_pretty(health).expect("health serialises");
-            match crate::checkpoint::write_atomically(&self.state_dir.health_file(), &bytes) {
-                Err(e) if !self.health_file_failing.swap(true, Ordering::Relaxed) => {
-                    tracing::warn!(error = %e, "could not write the health file (GET /health still answers)");
-                }
-                Err(_) => {}
-                Ok(()) if self.health_file_failing.swap(false, Ordering::Relaxed) => {
-                    tracing::info!("the health file is written again");
-                }
-                Ok(()) => {}
-            }
+            // Handed over under the lock: reports reach the writer in the order they were made.
+            let number = self.health_file.write(bytes);
             *last_write = Some(Instant::now());
+            drop(guard);
+            if at_once {
+                self.health_file.wait(number);
+            }
         }
     }
 
