@@ -1,7 +1,7 @@
 //! The state-aware assignor of [ADR 0001](../../docs/adr/0001-state-aware-assignment.md): what
 //! the group leader decides from what each member reports, as a pure function. No Kafka here:
-//! the group membership that feeds it (JoinGroup/SyncGroup with the members' store offsets in
-//! the subscription user data) is not built yet, so nothing calls [`assign`] today.
+//! the processor's own group membership ([`crate::group`]) calls [`assign`] when it leads, with
+//! the stores each member put in its subscription.
 //!
 //! The rules, after Kafka Streams' KIP-441:
 //! 1. A balanced placement is worked out first (each member gets its share of the tasks, give

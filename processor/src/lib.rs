@@ -6,6 +6,7 @@ pub mod changelog;
 pub mod checkpoint;
 pub mod engine;
 pub mod faults;
+pub mod group;
 pub mod health_file;
 pub mod http;
 pub mod inspect;

@@ -1,0 +1,214 @@
+//! What members and the leader put into the group protocol's opaque bytes: the consumer
+//! protocol's subscription and assignment (so that tools such as `kafka-consumer-groups
+//! --describe` show the tasks), with StreamApp's facts in their user data as JSON.
+//!
+//! The assignor's name carries the format's version (`streamapp-v1`): a member that would
+//! write another format offers another name, and the coordinator only picks a name every
+//! member offers.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition as AssignedPartitions;
+use kafka_protocol::messages::{
+    ConsumerProtocolAssignment, ConsumerProtocolSubscription, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use serde::{Deserialize, Serialize};
+
+use crate::assignment::MemberAssignment;
+
+/// The assignor this format belongs to.
+pub const ASSIGNOR: &str = "streamapp-v1";
+/// The consumer protocol version of the messages written (1 adds owned partitions).
+const CONSUMER_PROTOCOL_VERSION: i16 = 1;
+
+/// A member's report in each JoinGroup.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// The Kubernetes node the member runs on, if known.
+    pub node: Option<String>,
+    /// The changelog offset each store it holds has applied, by task.
+    pub stores: BTreeMap<i32, i64>,
+    /// The tasks it was active for in the generation it leaves.
+    pub active: BTreeSet<i32>,
+}
+
+/// The standby side of a member's share (the active tasks are the assigned partitions).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Standbys {
+    standby: BTreeSet<i32>,
+    warm_up: BTreeSet<i32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {detail}")]
+pub struct CodecError {
+    what: &'static str,
+    detail: String,
+}
+
+fn error(what: &'static str, detail: impl ToString) -> CodecError {
+    CodecError {
+        what,
+        detail: detail.to_string(),
+    }
+}
+
+fn versioned(version: i16, encode: impl FnOnce(&mut BytesMut) -> anyhow::Result<()>) -> Bytes {
+    let mut buf = BytesMut::new();
+    buf.put_i16(version);
+    encode(&mut buf).expect("the consumer protocol messages encode");
+    buf.freeze()
+}
+
+fn unversioned(what: &'static str, mut bytes: Bytes) -> Result<(Bytes, i16), CodecError> {
+    if bytes.remaining() < 2 {
+        return Err(error(what, "shorter than its version"));
+    }
+    let version = bytes.get_i16();
+    Ok((bytes, version.min(3)))
+}
+
+/// The subscription metadata of a member reading `topic` with `report`.
+pub fn subscription(topic: &str, report: &Report) -> Bytes {
+    let owned = AssignedPartitionsOf::new(topic, &report.active);
+    let message = ConsumerProtocolSubscription::default()
+        .with_topics(vec![StrBytes::from_string(topic.to_string())])
+        .with_user_data(Some(Bytes::from(
+            serde_json::to_vec(report).expect("a report serialises"),
+        )))
+        .with_owned_partitions(vec![
+            kafka_protocol::messages::consumer_protocol_subscription::TopicPartition::default()
+                .with_topic(owned.topic)
+                .with_partitions(owned.partitions),
+        ]);
+    versioned(CONSUMER_PROTOCOL_VERSION, |buf| {
+        message.encode(buf, CONSUMER_PROTOCOL_VERSION)
+    })
+}
+
+/// The report inside a member's subscription metadata.
+pub fn read_subscription(bytes: Bytes) -> Result<Report, CodecError> {
+    let (mut bytes, version) = unversioned("subscription", bytes)?;
+    let message = ConsumerProtocolSubscription::decode(&mut bytes, version)
+        .map_err(|e| error("subscription", e))?;
+    let user_data = message
+        .user_data
+        .ok_or_else(|| error("subscription", "no user data: not a StreamApp member"))?;
+    serde_json::from_slice(&user_data).map_err(|e| error("subscription user data", e))
+}
+
+struct AssignedPartitionsOf {
+    topic: TopicName,
+    partitions: Vec<i32>,
+}
+
+impl AssignedPartitionsOf {
+    fn new(topic: &str, partitions: &BTreeSet<i32>) -> Self {
+        AssignedPartitionsOf {
+            topic: TopicName(StrBytes::from_string(topic.to_string())),
+            partitions: partitions.iter().copied().collect(),
+        }
+    }
+}
+
+/// The assignment bytes of one member's share: its active tasks as partitions of `topic`,
+/// standbys and warm-ups in the user data.
+pub fn assignment(topic: &str, share: &MemberAssignment) -> Bytes {
+    let active = AssignedPartitionsOf::new(topic, &share.active);
+    let standbys = Standbys {
+        standby: share.standby.clone(),
+        warm_up: share.warm_up.clone(),
+    };
+    let message = ConsumerProtocolAssignment::default()
+        .with_assigned_partitions(vec![
+            AssignedPartitions::default()
+                .with_topic(active.topic)
+                .with_partitions(active.partitions),
+        ])
+        .with_user_data(Some(Bytes::from(
+            serde_json::to_vec(&standbys).expect("standbys serialise"),
+        )));
+    versioned(CONSUMER_PROTOCOL_VERSION, |buf| {
+        message.encode(buf, CONSUMER_PROTOCOL_VERSION)
+    })
+}
+
+/// The share inside assignment bytes (empty bytes: no share, as the coordinator hands out to
+/// a member the leader left out).
+pub fn read_assignment(topic: &str, bytes: Bytes) -> Result<MemberAssignment, CodecError> {
+    if bytes.is_empty() {
+        return Ok(MemberAssignment::default());
+    }
+    let (mut bytes, version) = unversioned("assignment", bytes)?;
+    let message = ConsumerProtocolAssignment::decode(&mut bytes, version)
+        .map_err(|e| error("assignment", e))?;
+    let mut share = MemberAssignment::default();
+    for assigned in message.assigned_partitions {
+        if assigned.topic.0.as_str() != topic {
+            return Err(error(
+                "assignment",
+                format!(
+                    "partitions of topic {} instead of {topic}",
+                    assigned.topic.0.as_str()
+                ),
+            ));
+        }
+        share.active.extend(assigned.partitions);
+    }
+    if let Some(user_data) = message.user_data {
+        let standbys: Standbys =
+            serde_json::from_slice(&user_data).map_err(|e| error("assignment user data", e))?;
+        share.standby = standbys.standby;
+        share.warm_up = standbys.warm_up;
+    }
+    Ok(share)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_and_a_share_survive_their_encoding() {
+        let report = Report {
+            node: Some("node-a".into()),
+            stores: BTreeMap::from([(0, 120), (3, 7)]),
+            active: BTreeSet::from([0]),
+        };
+        assert_eq!(
+            read_subscription(subscription("in", &report)).unwrap(),
+            report
+        );
+        let share = MemberAssignment {
+            active: BTreeSet::from([0, 2]),
+            standby: BTreeSet::from([1]),
+            warm_up: BTreeSet::from([3]),
+        };
+        assert_eq!(
+            read_assignment("in", assignment("in", &share)).unwrap(),
+            share
+        );
+        assert_eq!(
+            read_assignment("in", Bytes::new()).unwrap(),
+            MemberAssignment::default()
+        );
+    }
+
+    #[test]
+    fn a_share_of_another_topic_or_a_subscription_without_a_report_is_refused() {
+        let share = MemberAssignment {
+            active: BTreeSet::from([1]),
+            ..Default::default()
+        };
+        assert!(read_assignment("other", assignment("in", &share)).is_err());
+        // What a plain consumer (librdkafka's range assignor) sends: no user data.
+        let plain = versioned(0, |buf| {
+            ConsumerProtocolSubscription::default()
+                .with_topics(vec![StrBytes::from_static_str("in")])
+                .encode(buf, 0)
+        });
+        assert!(read_subscription(plain).is_err());
+    }
+}

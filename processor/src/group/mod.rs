@@ -1,0 +1,562 @@
+//! The processor's own membership in its consumer group (ADR 0001): the classic group protocol
+//! (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) with StreamApp's state-aware assignor
+//! ([`crate::assignment`]) on the leader, each member's stores in its subscription.
+//!
+//! A [`Membership`] is a thread that finds the group coordinator, joins with the member's
+//! current [`Report`] (static membership: `group.instance.id` = the pod name), assigns when it
+//! leads, heartbeats, and rejoins when the group rebalances. Each generation it takes part in
+//! arrives as a [`GroupEvent`]; the member id and generation are what a transaction's offsets
+//! carry for zombie fencing (KIP-447).
+//!
+//! What is built: the membership and its tests against the broker. What is not: the engine
+//! still consumes through librdkafka's own group membership; wiring this in (librdkafka
+//! `assign()`, the group metadata with the generation in each transaction, standby tasks in
+//! the state updater) is the next step of the ADR.
+//!
+//! What to do after a failed request is decided by [`after_error`], a pure function.
+
+mod codec;
+mod wire;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+use kafka_protocol::messages::leave_group_request::MemberIdentity;
+use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+use kafka_protocol::messages::{
+    ApiKey, FindCoordinatorRequest, GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest,
+    SyncGroupRequest,
+};
+use kafka_protocol::protocol::StrBytes;
+use tracing::{debug, info, warn};
+
+use crate::assignment::{self, Facts, MemberAssignment};
+pub use codec::{ASSIGNOR, Report};
+use wire::{Connection, WireError};
+
+/// How long to wait before trying again after the coordinator could not be reached.
+const RETRY_BACKOFF: Duration = Duration::from_millis(200);
+/// Connecting and every request other than JoinGroup.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a membership needs to know.
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    /// Brokers to find the coordinator through (host:port).
+    pub bootstrap: Vec<String>,
+    pub group_id: String,
+    /// `group.instance.id`: the pod name (static membership).
+    pub instance_id: String,
+    /// The topic whose partitions are the tasks.
+    pub topic: String,
+    pub session_timeout: Duration,
+    pub rebalance_timeout: Duration,
+    pub heartbeat_interval: Duration,
+    /// While warm-ups exist, the leader rebalances this often to move them once caught up.
+    pub probing_rebalance_interval: Duration,
+    pub standby_replicas: usize,
+    /// A store this many records behind its changelog end counts as caught up.
+    pub acceptable_lag: u64,
+}
+
+/// What the member tells the group, and what the leader asks about the changelog.
+pub trait MemberState: Send + Sync + 'static {
+    /// The member's report for its next JoinGroup.
+    fn report(&self) -> Report;
+    /// Every task's changelog end offset (asked when this member leads).
+    fn changelog_ends(&self) -> Result<BTreeMap<i32, i64>, String>;
+}
+
+/// One generation this member takes part in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Generation {
+    pub generation_id: i32,
+    pub member_id: String,
+    pub leader: bool,
+    pub share: MemberAssignment,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GroupEvent {
+    /// A new generation began and this is the member's share of it.
+    Assigned(Generation),
+    /// The group is rebalancing: the share of the last generation holds until the next one
+    /// (its transactions fail from then on with the old generation).
+    Rebalancing,
+    /// The membership ended for good (another member took this instance id, the group
+    /// refuses this member): the engine must stop.
+    Failed(String),
+}
+
+/// What to do after a response with an error, or a broken connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Join again with the same member id.
+    Rejoin,
+    /// Join again as a new member (the coordinator forgot this one).
+    RejoinAsNew,
+    /// Find the coordinator again, then join again.
+    Rediscover,
+    /// Stop: the membership cannot go on.
+    Fail(String),
+}
+
+/// What an error code means for a member of a classic group.
+pub fn after_error(code: i16) -> Next {
+    match ResponseError::try_from_code(code) {
+        None => Next::Rejoin, // no error: the caller does not ask
+        Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration) => Next::Rejoin,
+        Some(ResponseError::UnknownMemberId) => Next::RejoinAsNew,
+        Some(
+            ResponseError::NotCoordinator
+            | ResponseError::CoordinatorNotAvailable
+            | ResponseError::CoordinatorLoadInProgress
+            | ResponseError::RequestTimedOut
+            | ResponseError::UnknownServerError,
+        ) => Next::Rediscover,
+        Some(ResponseError::FencedInstanceId) => Next::Fail(
+            "another member joined with this pod's group.instance.id: only one may run".into(),
+        ),
+        Some(ResponseError::InconsistentGroupProtocol) => Next::Fail(format!(
+            "the group's members use another assignor than {ASSIGNOR} (plain consumers or an older processor)"
+        )),
+        Some(e) => Next::Fail(format!("the group refused this member: {e} (code {code})")),
+    }
+}
+
+/// A running membership; dropping it stops the thread without leaving the group (a static
+/// member back within the session timeout keeps its share).
+pub struct Membership {
+    stop: Arc<AtomicBool>,
+    leave: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Membership {
+    /// Starts the membership; its generations arrive on the returned receiver.
+    pub fn start(
+        cfg: GroupConfig,
+        state: Arc<dyn MemberState>,
+    ) -> (Membership, Receiver<GroupEvent>) {
+        let (events, receiver) = channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let leave = Arc::new(AtomicBool::new(false));
+        let mut member = Member {
+            cfg,
+            state,
+            events,
+            stop: stop.clone(),
+            leave: leave.clone(),
+            connection: None,
+            member_id: String::new(),
+            generation: None,
+            probing_due: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name("group-member".into())
+            .spawn(move || member.run())
+            .expect("starting the group membership thread");
+        (
+            Membership {
+                stop,
+                leave,
+                thread: Some(thread),
+            },
+            receiver,
+        )
+    }
+
+    /// Leaves the group (its share is reassigned at once) and stops: what a pod that goes away
+    /// for good does, such as one removed by a scale-in.
+    pub fn leave(mut self) {
+        self.leave.store(true, Ordering::SeqCst);
+        self.stop_thread();
+    }
+
+    fn stop_thread(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
+
+/// The membership thread's state.
+struct Member {
+    cfg: GroupConfig,
+    state: Arc<dyn MemberState>,
+    events: Sender<GroupEvent>,
+    stop: Arc<AtomicBool>,
+    leave: Arc<AtomicBool>,
+    connection: Option<Connection>,
+    member_id: String,
+    generation: Option<Generation>,
+    /// When the leader rebalances to move caught-up warm-ups.
+    probing_due: Option<Instant>,
+}
+
+enum Failure {
+    /// The membership goes on after `Next`.
+    Retry(Next),
+    /// The thread was asked to stop.
+    Stopped,
+}
+
+impl From<WireError> for Failure {
+    fn from(e: WireError) -> Self {
+        match &e {
+            WireError::Io { .. } => debug!(error = %e, "group coordinator connection failed"),
+            WireError::Protocol { .. } => warn!(error = %e, "group coordinator request failed"),
+        }
+        Failure::Retry(Next::Rediscover)
+    }
+}
+
+impl Member {
+    fn run(&mut self) {
+        let mut next = Next::Rediscover;
+        while !self.stop.load(Ordering::SeqCst) {
+            let result = match next {
+                Next::Rediscover => {
+                    self.connection = None;
+                    self.join()
+                }
+                Next::Rejoin => self.join(),
+                Next::RejoinAsNew => {
+                    self.member_id.clear();
+                    self.join()
+                }
+                Next::Fail(why) => {
+                    warn!(reason = %why, "the group membership ends");
+                    let _ = self.events.send(GroupEvent::Failed(why));
+                    return;
+                }
+            };
+            next = match result.and_then(|()| self.heartbeat_until_rebalance()) {
+                Ok(()) => Next::Rejoin,
+                Err(Failure::Stopped) => break,
+                Err(Failure::Retry(n)) => {
+                    if n == Next::Rediscover {
+                        std::thread::sleep(RETRY_BACKOFF);
+                    }
+                    n
+                }
+            };
+        }
+        if self.leave.load(Ordering::SeqCst) {
+            self.leave_group();
+        }
+    }
+
+    fn check_stop(&self) -> Result<(), Failure> {
+        if self.stop.load(Ordering::SeqCst) {
+            Err(Failure::Stopped)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn group_id(&self) -> GroupId {
+        GroupId(StrBytes::from_string(self.cfg.group_id.clone()))
+    }
+
+    fn instance_id(&self) -> Option<StrBytes> {
+        Some(StrBytes::from_string(self.cfg.instance_id.clone()))
+    }
+
+    /// The connection to the coordinator, found through the bootstrap brokers if need be.
+    fn coordinator(&mut self) -> Result<&mut Connection, Failure> {
+        if self.connection.is_none() {
+            self.connection = Some(self.find_coordinator()?);
+        }
+        Ok(self.connection.as_mut().expect("just set"))
+    }
+
+    fn find_coordinator(&self) -> Result<Connection, Failure> {
+        let client_id = format!("{}-group", self.cfg.instance_id);
+        let mut last = None;
+        for broker in &self.cfg.bootstrap {
+            self.check_stop()?;
+            let mut connection = match Connection::open(broker, &client_id, REQUEST_TIMEOUT) {
+                Ok(c) => c,
+                Err(e) => {
+                    last = Some(e.to_string());
+                    continue;
+                }
+            };
+            // Version 4 and later ask and answer per key; earlier ones at the top level.
+            let batched = connection.version(ApiKey::FindCoordinator) >= 4;
+            let group = StrBytes::from_string(self.cfg.group_id.clone());
+            let request = if batched {
+                FindCoordinatorRequest::default().with_coordinator_keys(vec![group])
+            } else {
+                FindCoordinatorRequest::default().with_key(group)
+            };
+            let response = connection.find_coordinator(&request.with_key_type(0))?;
+            let (code, host, port) = match response.coordinators.first() {
+                Some(c) if batched => (c.error_code, c.host.to_string(), c.port),
+                _ => (
+                    response.error_code,
+                    response.host.to_string(),
+                    response.port,
+                ),
+            };
+            if code != 0 {
+                // Its own errors say to look again, unless the group refuses this member.
+                return Err(Failure::Retry(match after_error(code) {
+                    Next::Fail(why) => Next::Fail(format!("finding the coordinator: {why}")),
+                    _ => Next::Rediscover,
+                }));
+            }
+            let address = format!("{host}:{port}");
+            if address == connection.address() {
+                return Ok(connection);
+            }
+            return Ok(Connection::open(&address, &client_id, REQUEST_TIMEOUT)?);
+        }
+        debug!(error = ?last, "no bootstrap broker answered");
+        Err(Failure::Retry(Next::Rediscover))
+    }
+
+    /// JoinGroup, then SyncGroup (with the assignment, when this member leads).
+    fn join(&mut self) -> Result<(), Failure> {
+        self.check_stop()?;
+        let report = self.state.report();
+        let metadata = codec::subscription(&self.cfg.topic, &report);
+        let request = JoinGroupRequest::default()
+            .with_group_id(self.group_id())
+            .with_session_timeout_ms(self.cfg.session_timeout.as_millis() as i32)
+            .with_rebalance_timeout_ms(self.cfg.rebalance_timeout.as_millis() as i32)
+            .with_member_id(StrBytes::from_string(self.member_id.clone()))
+            .with_group_instance_id(self.instance_id())
+            .with_protocol_type(StrBytes::from_static_str("consumer"))
+            .with_protocols(vec![
+                JoinGroupRequestProtocol::default()
+                    .with_name(StrBytes::from_static_str(ASSIGNOR))
+                    .with_metadata(metadata),
+            ]);
+        let rebalance_timeout = self.cfg.rebalance_timeout;
+        let coordinator = self.coordinator()?;
+        // The coordinator answers once every member joined, within the rebalance timeout.
+        coordinator.set_timeout(rebalance_timeout + REQUEST_TIMEOUT)?;
+        let joined = coordinator.join_group(&request);
+        coordinator.set_timeout(REQUEST_TIMEOUT)?;
+        let joined = joined?;
+        if joined.error_code != 0 {
+            if ResponseError::try_from_code(joined.error_code)
+                == Some(ResponseError::MemberIdRequired)
+            {
+                self.member_id = joined.member_id.to_string();
+                return Err(Failure::Retry(Next::Rejoin));
+            }
+            return Err(Failure::Retry(after_error(joined.error_code)));
+        }
+        self.member_id = joined.member_id.to_string();
+        let leader = joined.leader.as_str() == joined.member_id.as_str();
+        let generation_id = joined.generation_id;
+        // A static leader back in a stable group keeps the current assignment (KIP-814): the
+        // coordinator says to skip assigning, and answers the SyncGroup with its share.
+        let assignments = if leader && !joined.skip_assignment {
+            self.lead(&joined.members)?
+        } else {
+            Vec::new()
+        };
+        let mut request = SyncGroupRequest::default()
+            .with_group_id(self.group_id())
+            .with_generation_id(generation_id)
+            .with_member_id(StrBytes::from_string(self.member_id.clone()))
+            .with_group_instance_id(self.instance_id())
+            .with_assignments(assignments);
+        let coordinator = self.coordinator()?;
+        if coordinator.version(ApiKey::SyncGroup) >= 5 {
+            request = request
+                .with_protocol_type(Some(StrBytes::from_static_str("consumer")))
+                .with_protocol_name(Some(StrBytes::from_static_str(ASSIGNOR)));
+        }
+        let synced = coordinator.sync_group(&request)?;
+        if synced.error_code != 0 {
+            return Err(Failure::Retry(after_error(synced.error_code)));
+        }
+        let share = match codec::read_assignment(&self.cfg.topic, synced.assignment) {
+            Ok(share) => share,
+            Err(e) => {
+                return Err(Failure::Retry(Next::Fail(format!(
+                    "the leader's assignment: {e}"
+                ))));
+            }
+        };
+        let generation = Generation {
+            generation_id,
+            member_id: self.member_id.clone(),
+            leader,
+            share,
+        };
+        info!(
+            generation = generation_id,
+            leader,
+            active = ?generation.share.active,
+            standby = ?generation.share.standby,
+            warm_up = ?generation.share.warm_up,
+            "joined the group"
+        );
+        self.generation = Some(generation.clone());
+        let _ = self.events.send(GroupEvent::Assigned(generation));
+        Ok(())
+    }
+
+    /// The leader's part: every member's share, from their reports.
+    fn lead(
+        &mut self,
+        members: &[kafka_protocol::messages::join_group_response::JoinGroupResponseMember],
+    ) -> Result<Vec<SyncGroupRequestAssignment>, Failure> {
+        let mut reports = Vec::new();
+        let mut member_ids = BTreeMap::new();
+        for m in members {
+            let report = match codec::read_subscription(m.metadata.clone()) {
+                Ok(r) => r,
+                Err(e) => {
+                    return Err(Failure::Retry(Next::Fail(format!(
+                        "member {} sent a subscription this assignor cannot read: {e}",
+                        m.member_id.as_str()
+                    ))));
+                }
+            };
+            // Members are known by instance id: stable across restarts, unlike member ids.
+            let id = m
+                .group_instance_id
+                .as_ref()
+                .map_or_else(|| m.member_id.to_string(), |i| i.to_string());
+            member_ids.insert(id.clone(), m.member_id.to_string());
+            reports.push(assignment::Member {
+                id,
+                node: report.node,
+                stores: report.stores,
+                active: report.active,
+            });
+        }
+        let changelog_ends = self.state.changelog_ends().map_err(|e| {
+            warn!(error = %e, "the leader could not read the changelog ends: joining again");
+            Failure::Retry(Next::Rejoin)
+        })?;
+        let decided = assignment::assign(
+            &reports,
+            &Facts {
+                changelog_ends,
+                standby_replicas: self.cfg.standby_replicas,
+                acceptable_lag: self.cfg.acceptable_lag,
+            },
+        );
+        self.probing_due = decided
+            .probing_rebalance
+            .then(|| Instant::now() + self.cfg.probing_rebalance_interval);
+        Ok(decided
+            .members
+            .iter()
+            .map(|(id, share)| {
+                SyncGroupRequestAssignment::default()
+                    .with_member_id(StrBytes::from_string(member_ids[id].clone()))
+                    .with_assignment(codec::assignment(&self.cfg.topic, share))
+            })
+            .collect())
+    }
+
+    /// Heartbeats until the group rebalances (`Ok`: join again) or something fails.
+    fn heartbeat_until_rebalance(&mut self) -> Result<(), Failure> {
+        let generation_id = self.generation.as_ref().map_or(-1, |g| g.generation_id);
+        loop {
+            let next_beat = Instant::now() + self.cfg.heartbeat_interval;
+            while Instant::now() < next_beat {
+                self.check_stop()?;
+                if self.probing_due.is_some_and(|t| Instant::now() >= t) {
+                    self.probing_due = None;
+                    info!("probing rebalance: warm-ups may have caught up");
+                    let _ = self.events.send(GroupEvent::Rebalancing);
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let request = HeartbeatRequest::default()
+                .with_group_id(self.group_id())
+                .with_generation_id(generation_id)
+                .with_member_id(StrBytes::from_string(self.member_id.clone()))
+                .with_group_instance_id(self.instance_id());
+            let response = self.coordinator()?.heartbeat(&request)?;
+            match response.error_code {
+                0 => {}
+                code => {
+                    let _ = self.events.send(GroupEvent::Rebalancing);
+                    return match after_error(code) {
+                        Next::Rejoin => Ok(()),
+                        other => Err(Failure::Retry(other)),
+                    };
+                }
+            }
+        }
+    }
+
+    fn leave_group(&mut self) {
+        let request = LeaveGroupRequest::default()
+            .with_group_id(self.group_id())
+            .with_members(vec![
+                MemberIdentity::default()
+                    .with_member_id(StrBytes::from_string(self.member_id.clone()))
+                    .with_group_instance_id(self.instance_id()),
+            ]);
+        match self.coordinator().map(|c| c.leave_group(&request)) {
+            Ok(Ok(r)) if r.error_code == 0 => info!("left the group"),
+            Ok(Ok(r)) => warn!(code = r.error_code, "leaving the group failed"),
+            Ok(Err(e)) => warn!(error = %e, "leaving the group failed"),
+            Err(_) => warn!("leaving the group failed: no coordinator"),
+        }
+    }
+}
+
+/// A shared, settable [`MemberState`]: what tests and the engine hand a membership.
+#[derive(Default)]
+pub struct SharedState {
+    pub report: Mutex<Report>,
+    pub changelog_ends: Mutex<BTreeMap<i32, i64>>,
+}
+
+impl MemberState for SharedState {
+    fn report(&self) -> Report {
+        self.report.lock().unwrap().clone()
+    }
+    fn changelog_ends(&self) -> Result<BTreeMap<i32, i64>, String> {
+        Ok(self.changelog_ends.lock().unwrap().clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_lead_to_a_rejoin_a_new_member_a_new_coordinator_or_the_end() {
+        assert_eq!(after_error(27), Next::Rejoin, "rebalance in progress");
+        assert_eq!(after_error(22), Next::Rejoin, "illegal generation");
+        assert_eq!(after_error(25), Next::RejoinAsNew, "unknown member id");
+        for code in [14, 15, 16, 7, -1] {
+            assert_eq!(after_error(code), Next::Rediscover, "code {code}");
+        }
+        for code in [82, 23, 30, 81] {
+            assert!(matches!(after_error(code), Next::Fail(_)), "code {code}");
+        }
+        let Next::Fail(why) = after_error(82) else {
+            unreachable!()
+        };
+        assert!(why.contains("group.instance.id"), "{why}");
+    }
+}

@@ -1,0 +1,337 @@
+//! The processor's own group membership (`processor/src/group`, ADR 0001) against the real
+//! broker: members join one consumer group with the `streamapp-v1` assignor, the leader
+//! assigns active, standby and warm-up tasks from the stores each member reports, and the
+//! group's moves follow the state: a member that leaves hands its tasks to their standby
+//! holders, a static member back within the session timeout keeps its tasks, a new member
+//! warms up before a task moves to it.
+//!
+//! Each pod here reports what an engine would: the tasks it was active for, and once the test
+//! says it holds state, a store at the changelog end for each task it is active or standby for
+//! (a warm-up's store as far as the test says). Until then the group is balanced without
+//! regard to state: the first member to join would otherwise keep every task it restored.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use streamapp_processor::group::{
+    Generation, GroupConfig, GroupEvent, Membership, Report, SharedState,
+};
+
+const TASKS: i32 = 6;
+/// Every task's changelog end in these tests.
+const END: i64 = 1_000;
+
+fn config(group: &str, pod: &str) -> GroupConfig {
+    GroupConfig {
+        bootstrap: vec![testbed::kafka::bootstrap()],
+        group_id: group.to_string(),
+        instance_id: pod.to_string(),
+        topic: format!("{group}-in"),
+        session_timeout: Duration::from_secs(10),
+        rebalance_timeout: Duration::from_secs(10),
+        heartbeat_interval: Duration::from_millis(300),
+        probing_rebalance_interval: Duration::from_secs(2),
+        standby_replicas: 1,
+        acceptable_lag: 100,
+    }
+}
+
+fn group_name(test: &str) -> String {
+    format!(
+        "group-{test}-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    )
+}
+
+struct Pod {
+    name: String,
+    membership: Option<Membership>,
+    events: Receiver<GroupEvent>,
+    state: Arc<SharedState>,
+    latest: Option<Generation>,
+    /// Whether the pod reports the stores of its share (see the module's doc).
+    holds_state: bool,
+    /// Warm-ups report their store this far behind the end (what the test says they caught up).
+    warm_up_lag: i64,
+}
+
+impl Pod {
+    fn start(group: &str, name: &str, stores: BTreeMap<i32, i64>, active: BTreeSet<i32>) -> Pod {
+        // The membership's log, for when a test fails (RUST_LOG picks more).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let state = Arc::new(SharedState::default());
+        *state.changelog_ends.lock().unwrap() = (0..TASKS).map(|t| (t, END)).collect();
+        *state.report.lock().unwrap() = Report {
+            node: Some(format!("node-{name}")),
+            stores,
+            active,
+        };
+        let (membership, events) = Membership::start(config(group, name), state.clone());
+        Pod {
+            name: name.to_string(),
+            membership: Some(membership),
+            events,
+            state,
+            latest: None,
+            holds_state: false,
+            warm_up_lag: END,
+        }
+    }
+
+    /// Takes the events that arrived; reports the stores of the latest generation's share.
+    fn drain(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(event) = self.events.try_recv() {
+            any = true;
+            match event {
+                GroupEvent::Assigned(g) => self.latest = Some(g),
+                GroupEvent::Rebalancing => {}
+                GroupEvent::Failed(why) => panic!("{}: the membership failed: {why}", self.name),
+            }
+        }
+        if let Some(g) = &self.latest {
+            self.report(g.share.active.clone(), &g.share.standby, &g.share.warm_up);
+        }
+        any
+    }
+
+    fn report(&self, active: BTreeSet<i32>, standby: &BTreeSet<i32>, warm_up: &BTreeSet<i32>) {
+        let mut report = self.state.report.lock().unwrap();
+        report.active = active.clone();
+        if !self.holds_state {
+            return;
+        }
+        for &t in active.iter().chain(standby) {
+            report.stores.insert(t, END);
+        }
+        for &t in warm_up {
+            report.stores.insert(t, END - self.warm_up_lag);
+        }
+    }
+
+    fn share(&self) -> &Generation {
+        self.latest.as_ref().expect("assigned")
+    }
+}
+
+/// Waits until every pod is in the same generation and nothing happened for a second.
+fn settle(pods: &mut [&mut Pod], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let mut quiet_since = Instant::now();
+    loop {
+        let mut any = false;
+        for pod in pods.iter_mut() {
+            any |= pod.drain();
+        }
+        if any {
+            quiet_since = Instant::now();
+        }
+        let generations: BTreeSet<_> = pods
+            .iter()
+            .map(|p| p.latest.as_ref().map(|g| g.generation_id))
+            .collect();
+        if generations.len() == 1
+            && !generations.contains(&None)
+            && quiet_since.elapsed() > Duration::from_secs(1)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the group did not settle within {timeout:?}: generations {:?}",
+            pods.iter()
+                .map(|p| (p.name.clone(), p.latest.clone()))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every task active exactly once, and its standbys on other members.
+fn assert_covered(pods: &[&Pod]) -> BTreeMap<i32, String> {
+    let mut active_on = BTreeMap::new();
+    for pod in pods {
+        for &t in &pod.share().share.active {
+            assert!(
+                active_on.insert(t, pod.name.clone()).is_none(),
+                "task {t} is active twice: {:?}",
+                pods.iter().map(|p| p.share()).collect::<Vec<_>>()
+            );
+        }
+    }
+    assert_eq!(
+        active_on.keys().copied().collect::<Vec<_>>(),
+        (0..TASKS).collect::<Vec<_>>(),
+        "every task active once"
+    );
+    for pod in pods {
+        for t in pod
+            .share()
+            .share
+            .standby
+            .iter()
+            .chain(&pod.share().share.warm_up)
+        {
+            assert_ne!(
+                active_on[t], pod.name,
+                "task {t}'s standby sits with its active"
+            );
+        }
+    }
+    active_on
+}
+
+fn standby_holders(pods: &[&Pod]) -> BTreeMap<i32, Vec<String>> {
+    let mut holders: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    for pod in pods {
+        for &t in &pod.share().share.standby {
+            holders.entry(t).or_default().push(pod.name.clone());
+        }
+    }
+    holders
+}
+
+const SETTLE: Duration = Duration::from_secs(60);
+
+#[test]
+fn members_share_the_tasks_with_a_standby_each_and_a_leaving_member_hands_its_tasks_to_their_standbys()
+ {
+    let group = group_name("leave");
+    let mut a = Pod::start(&group, "pod-a", BTreeMap::new(), BTreeSet::new());
+    let mut b = Pod::start(&group, "pod-b", BTreeMap::new(), BTreeSet::new());
+    let mut c = Pod::start(&group, "pod-c", BTreeMap::new(), BTreeSet::new());
+    settle(&mut [&mut a, &mut b, &mut c], SETTLE);
+    assert_covered(&[&a, &b, &c]);
+    for pod in [&a, &b, &c] {
+        assert_eq!(
+            pod.share().share.active.len(),
+            2,
+            "{}: {:?}",
+            pod.name,
+            pod.share()
+        );
+    }
+    let holders = standby_holders(&[&a, &b, &c]);
+    for t in 0..TASKS {
+        assert_eq!(
+            holders.get(&t).map(Vec::len),
+            Some(1),
+            "task {t}: {holders:?}"
+        );
+    }
+    let leaders = [&a, &b, &c].iter().filter(|p| p.share().leader).count();
+    assert_eq!(leaders, 1);
+
+    // The pods hold their shares' state now; pod-c leaves for good.
+    for pod in [&mut a, &mut b, &mut c] {
+        pod.holds_state = true;
+        pod.drain();
+    }
+    let c_tasks = c.share().share.active.clone();
+    let left = Instant::now();
+    c.membership.take().expect("running").leave();
+    settle(&mut [&mut a, &mut b], SETTLE);
+    // It left (LeaveGroup): the others did not wait for its session to time out.
+    let session = config(&group, "pod-c").session_timeout;
+    assert!(left.elapsed() < session, "took {:?}", left.elapsed());
+    let active_on = assert_covered(&[&a, &b]);
+    for t in &c_tasks {
+        assert_eq!(
+            active_on[t], holders[t][0],
+            "pod-c's task {t} went to its standby holder"
+        );
+    }
+}
+
+#[test]
+fn a_static_member_back_within_the_session_timeout_keeps_its_tasks() {
+    let group = group_name("static");
+    let mut a = Pod::start(&group, "pod-a", BTreeMap::new(), BTreeSet::new());
+    let mut b = Pod::start(&group, "pod-b", BTreeMap::new(), BTreeSet::new());
+    settle(&mut [&mut a, &mut b], SETTLE);
+    assert_covered(&[&a, &b]);
+    let (a_before, b_before) = (a.share().share.clone(), b.share().share.clone());
+
+    // pod-b stops without leaving (a restart) and comes back with the stores on its volume.
+    for pod in [&mut a, &mut b] {
+        pod.holds_state = true;
+        pod.drain();
+    }
+    drop(b.membership.take());
+    let restarted = Instant::now();
+    let stores = b.state.report.lock().unwrap().stores.clone();
+    let mut b = Pod::start(&group, "pod-b", stores, b_before.active.clone());
+    b.holds_state = true;
+    settle(&mut [&mut a, &mut b], SETTLE);
+    // Static membership: the coordinator took the new pod-b for the old one at once, instead
+    // of keeping the old one's tasks until its session timed out.
+    let session = config(&group, "pod-b").session_timeout;
+    assert!(
+        restarted.elapsed() < session,
+        "pod-b's return took {:?}, past the session timeout {session:?}",
+        restarted.elapsed()
+    );
+    assert_eq!(
+        b.share().share.active,
+        b_before.active,
+        "pod-b got its tasks back"
+    );
+    assert_eq!(
+        a.share().share.active,
+        a_before.active,
+        "pod-a kept its tasks"
+    );
+}
+
+#[test]
+fn a_new_member_warms_up_first_and_takes_its_tasks_after_a_probing_rebalance() {
+    let group = group_name("warmup");
+    let mut a = Pod::start(&group, "pod-a", BTreeMap::new(), BTreeSet::new());
+    let mut b = Pod::start(&group, "pod-b", BTreeMap::new(), BTreeSet::new());
+    settle(&mut [&mut a, &mut b], SETTLE);
+    assert_covered(&[&a, &b]);
+
+    // Scale out: pod-c has no state, so the tasks it should get stay where their state is
+    // and pod-c warms them up.
+    for pod in [&mut a, &mut b] {
+        pod.holds_state = true;
+        pod.drain();
+    }
+    let mut c = Pod::start(&group, "pod-c", BTreeMap::new(), BTreeSet::new());
+    c.holds_state = true;
+    settle(&mut [&mut a, &mut b, &mut c], SETTLE);
+    assert_covered(&[&a, &b, &c]);
+    let warming = c.share().share.warm_up.clone();
+    assert!(c.share().share.active.is_empty(), "{:?}", c.share());
+    assert_eq!(warming.len(), 2, "{:?}", c.share());
+
+    // The warm-ups catch up; the leader's probing rebalance (every 2 s here) moves them.
+    c.warm_up_lag = 0;
+    let deadline = Instant::now() + SETTLE;
+    while c.latest.as_ref().is_none_or(|g| g.share.active != warming) {
+        assert!(
+            Instant::now() < deadline,
+            "pod-c never took over its warmed-up tasks: {:?}",
+            c.latest
+        );
+        for pod in [&mut a, &mut b, &mut c] {
+            pod.drain();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    settle(&mut [&mut a, &mut b, &mut c], SETTLE);
+    assert_covered(&[&a, &b, &c]);
+    assert_eq!(c.share().share.active, warming);
+    assert!(c.share().share.warm_up.is_empty(), "{:?}", c.share());
+}
