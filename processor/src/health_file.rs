@@ -5,7 +5,7 @@
 //! Reports are written in the order they were handed over, and a newer one handed over before
 //! an older one reached the disk replaces it (only the latest report matters). A caller that
 //! must know the file says what it said — a phase change, which the agent and the drain hook
-//! go by — waits for its report to be written ([`HealthFile::wait`]).
+//! go by — waits for its report to be written ([`HealthFileWriter::wait`]).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,11 +29,11 @@ struct Inner {
     failing: AtomicBool,
 }
 
-pub struct HealthFile {
+pub struct HealthFileWriter {
     inner: Arc<Inner>,
 }
 
-impl HealthFile {
+impl HealthFileWriter {
     /// Starts the writer of the file at `path`.
     pub fn start(path: PathBuf) -> Self {
         let inner = Arc::new(Inner {
@@ -52,7 +52,7 @@ impl HealthFile {
             .name("health-file".into())
             .spawn(move || writer.run())
             .expect("starting the health file writer");
-        HealthFile { inner }
+        HealthFileWriter { inner }
     }
 
     /// Hands `report` over to be written; returns at once.
@@ -74,7 +74,7 @@ impl HealthFile {
     }
 }
 
-impl Drop for HealthFile {
+impl Drop for HealthFileWriter {
     fn drop(&mut self) {
         self.inner.slot.lock().unwrap().stop = true;
         self.inner.changed.notify_all();
@@ -121,7 +121,7 @@ mod tests {
     fn a_report_waited_for_is_on_disk_and_the_latest_report_wins() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("health.json");
-        let file = HealthFile::start(path.clone());
+        let file = HealthFileWriter::start(path.clone());
         for i in 0..100 {
             file.write(format!("report {i}").into_bytes());
         }
@@ -140,7 +140,7 @@ mod tests {
         let path = dir.path().join("health.json");
         std::fs::create_dir(&path).unwrap();
         std::fs::write(path.join("occupied"), b"x").unwrap();
-        let file = HealthFile::start(path.clone());
+        let file = HealthFileWriter::start(path.clone());
         let number = file.write(b"report".to_vec());
         file.wait(number);
         assert!(path.is_dir(), "the write failed, and the waiter returned");

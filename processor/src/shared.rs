@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use streamapp_api::health::{DrainRequest, ProcessorHealth, ProcessorPhase};
 use tokio::sync::watch;
 
-use crate::health_file::HealthFile;
+use crate::health_file::HealthFileWriter;
 use crate::state_dir::StateDir;
 
 /// How often the health file is rewritten at most, unless the phase changes.
@@ -32,7 +32,7 @@ pub struct Shared {
     started: Instant,
     /// Milliseconds after `started` of the loop's latest progress.
     progress_ms: AtomicU64,
-    health_file: HealthFile,
+    health_file: HealthFileWriter,
 }
 
 pub fn now_ms() -> i64 {
@@ -50,7 +50,7 @@ impl Shared {
             drain_tx: watch::channel(None).0,
             started: Instant::now(),
             progress_ms: AtomicU64::new(0),
-            health_file: HealthFile::start(state_dir.health_file()),
+            health_file: HealthFileWriter::start(state_dir.health_file()),
             state_dir,
         }
     }
