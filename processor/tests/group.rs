@@ -89,6 +89,11 @@ impl Pod {
         }
     }
 
+    /// A pod with nothing on its volume.
+    fn new(group: &str, name: &str) -> Pod {
+        Pod::start(group, name, BTreeMap::new(), BTreeSet::new())
+    }
+
     /// Takes the events that arrived; reports the stores of the latest generation's share.
     fn drain(&mut self) -> bool {
         let mut any = false;
@@ -122,6 +127,14 @@ impl Pod {
 
     fn share(&self) -> &Generation {
         self.latest.as_ref().expect("assigned")
+    }
+}
+
+/// From now on the pods report the stores of their shares.
+fn hold_state(pods: &mut [&mut Pod]) {
+    for pod in pods.iter_mut() {
+        pod.holds_state = true;
+        pod.drain();
     }
 }
 
@@ -204,13 +217,22 @@ fn standby_holders(pods: &[&Pod]) -> BTreeMap<i32, Vec<String>> {
 
 const SETTLE: Duration = Duration::from_secs(60);
 
+/// Two pods without state, settled into one generation that covers every task.
+fn two_pods(group: &str) -> (Pod, Pod) {
+    let mut a = Pod::new(group, "pod-a");
+    let mut b = Pod::new(group, "pod-b");
+    settle(&mut [&mut a, &mut b], SETTLE);
+    assert_covered(&[&a, &b]);
+    (a, b)
+}
+
 #[test]
 fn members_share_the_tasks_with_a_standby_each_and_a_leaving_member_hands_its_tasks_to_their_standbys()
  {
     let group = group_name("leave");
-    let mut a = Pod::start(&group, "pod-a", BTreeMap::new(), BTreeSet::new());
-    let mut b = Pod::start(&group, "pod-b", BTreeMap::new(), BTreeSet::new());
-    let mut c = Pod::start(&group, "pod-c", BTreeMap::new(), BTreeSet::new());
+    let mut a = Pod::new(&group, "pod-a");
+    let mut b = Pod::new(&group, "pod-b");
+    let mut c = Pod::new(&group, "pod-c");
     settle(&mut [&mut a, &mut b, &mut c], SETTLE);
     assert_covered(&[&a, &b, &c]);
     for pod in [&a, &b, &c] {
@@ -234,10 +256,7 @@ fn members_share_the_tasks_with_a_standby_each_and_a_leaving_member_hands_its_ta
     assert_eq!(leaders, 1);
 
     // The pods hold their shares' state now; pod-c leaves for good.
-    for pod in [&mut a, &mut b, &mut c] {
-        pod.holds_state = true;
-        pod.drain();
-    }
+    hold_state(&mut [&mut a, &mut b, &mut c]);
     let c_tasks = c.share().share.active.clone();
     let left = Instant::now();
     c.membership.take().expect("running").leave();
@@ -257,17 +276,11 @@ fn members_share_the_tasks_with_a_standby_each_and_a_leaving_member_hands_its_ta
 #[test]
 fn a_static_member_back_within_the_session_timeout_keeps_its_tasks() {
     let group = group_name("static");
-    let mut a = Pod::start(&group, "pod-a", BTreeMap::new(), BTreeSet::new());
-    let mut b = Pod::start(&group, "pod-b", BTreeMap::new(), BTreeSet::new());
-    settle(&mut [&mut a, &mut b], SETTLE);
-    assert_covered(&[&a, &b]);
+    let (mut a, mut b) = two_pods(&group);
     let (a_before, b_before) = (a.share().share.clone(), b.share().share.clone());
 
     // pod-b stops without leaving (a restart) and comes back with the stores on its volume.
-    for pod in [&mut a, &mut b] {
-        pod.holds_state = true;
-        pod.drain();
-    }
+    hold_state(&mut [&mut a, &mut b]);
     drop(b.membership.take());
     let restarted = Instant::now();
     let stores = b.state.report.lock().unwrap().stores.clone();
@@ -297,18 +310,12 @@ fn a_static_member_back_within_the_session_timeout_keeps_its_tasks() {
 #[test]
 fn a_new_member_warms_up_first_and_takes_its_tasks_after_a_probing_rebalance() {
     let group = group_name("warmup");
-    let mut a = Pod::start(&group, "pod-a", BTreeMap::new(), BTreeSet::new());
-    let mut b = Pod::start(&group, "pod-b", BTreeMap::new(), BTreeSet::new());
-    settle(&mut [&mut a, &mut b], SETTLE);
-    assert_covered(&[&a, &b]);
+    let (mut a, mut b) = two_pods(&group);
 
     // Scale out: pod-c has no state, so the tasks it should get stay where their state is
     // and pod-c warms them up.
-    for pod in [&mut a, &mut b] {
-        pod.holds_state = true;
-        pod.drain();
-    }
-    let mut c = Pod::start(&group, "pod-c", BTreeMap::new(), BTreeSet::new());
+    hold_state(&mut [&mut a, &mut b]);
+    let mut c = Pod::new(&group, "pod-c");
     c.holds_state = true;
     settle(&mut [&mut a, &mut b, &mut c], SETTLE);
     assert_covered(&[&a, &b, &c]);

@@ -304,7 +304,7 @@ impl Member {
             } else {
                 FindCoordinatorRequest::default().with_key(group)
             };
-            let response = connection.find_coordinator(&request.with_key_type(0))?;
+            let response = connection.send(&request.with_key_type(0))?;
             let (code, host, port) = match response.coordinators.first() {
                 Some(c) if batched => (c.error_code, c.host.to_string(), c.port),
                 _ => (
@@ -351,7 +351,7 @@ impl Member {
         let coordinator = self.coordinator()?;
         // The coordinator answers once every member joined, within the rebalance timeout.
         coordinator.set_timeout(rebalance_timeout + REQUEST_TIMEOUT)?;
-        let joined = coordinator.join_group(&request);
+        let joined = coordinator.send(&request);
         coordinator.set_timeout(REQUEST_TIMEOUT)?;
         let joined = joined?;
         if joined.error_code != 0 {
@@ -385,7 +385,7 @@ impl Member {
                 .with_protocol_type(Some(StrBytes::from_static_str("consumer")))
                 .with_protocol_name(Some(StrBytes::from_static_str(ASSIGNOR)));
         }
-        let synced = coordinator.sync_group(&request)?;
+        let synced = coordinator.send(&request)?;
         if synced.error_code != 0 {
             return Err(Failure::Retry(after_error(synced.error_code)));
         }
@@ -492,7 +492,7 @@ impl Member {
                 .with_generation_id(generation_id)
                 .with_member_id(StrBytes::from_string(self.member_id.clone()))
                 .with_group_instance_id(self.instance_id());
-            let response = self.coordinator()?.heartbeat(&request)?;
+            let response = self.coordinator()?.send(&request)?;
             match response.error_code {
                 0 => {}
                 code => {
@@ -514,7 +514,7 @@ impl Member {
                     .with_member_id(StrBytes::from_string(self.member_id.clone()))
                     .with_group_instance_id(self.instance_id()),
             ]);
-        match self.coordinator().map(|c| c.leave_group(&request)) {
+        match self.coordinator().map(|c| c.send(&request)) {
             Ok(Ok(r)) if r.error_code == 0 => info!("left the group"),
             Ok(Ok(r)) => warn!(code = r.error_code, "leaving the group failed"),
             Ok(Err(e)) => warn!(error = %e, "leaving the group failed"),

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, FindCoordinatorRequest, HeartbeatRequest,
-    JoinGroupRequest, LeaveGroupRequest, RequestHeader, ResponseHeader, SyncGroupRequest,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 
@@ -137,39 +136,13 @@ impl Connection {
         self.versions[&(key as i16)]
     }
 
-    pub fn find_coordinator(
-        &mut self,
-        request: &FindCoordinatorRequest,
-    ) -> Result<<FindCoordinatorRequest as Request>::Response, WireError> {
-        self.exchange(self.version(ApiKey::FindCoordinator), request)
-    }
-
-    pub fn join_group(
-        &mut self,
-        request: &JoinGroupRequest,
-    ) -> Result<<JoinGroupRequest as Request>::Response, WireError> {
-        self.exchange(self.version(ApiKey::JoinGroup), request)
-    }
-
-    pub fn sync_group(
-        &mut self,
-        request: &SyncGroupRequest,
-    ) -> Result<<SyncGroupRequest as Request>::Response, WireError> {
-        self.exchange(self.version(ApiKey::SyncGroup), request)
-    }
-
-    pub fn heartbeat(
-        &mut self,
-        request: &HeartbeatRequest,
-    ) -> Result<<HeartbeatRequest as Request>::Response, WireError> {
-        self.exchange(self.version(ApiKey::Heartbeat), request)
-    }
-
-    pub fn leave_group(
-        &mut self,
-        request: &LeaveGroupRequest,
-    ) -> Result<<LeaveGroupRequest as Request>::Response, WireError> {
-        self.exchange(self.version(ApiKey::LeaveGroup), request)
+    /// Sends `request` at the version this connection speaks for it, and reads its response.
+    pub fn send<R: Request>(&mut self, request: &R) -> Result<R::Response, WireError> {
+        let version = *self
+            .versions
+            .get(&R::KEY)
+            .ok_or_else(|| self.protocol(format!("API {} was not negotiated", R::KEY)))?;
+        self.exchange(version, request)
     }
 
     fn protocol(&self, detail: String) -> WireError {
