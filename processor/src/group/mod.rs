@@ -40,7 +40,7 @@ use crate::assignment::{self, Facts, MemberAssignment};
 pub use codec::{ASSIGNOR, Report};
 use wire::{Connection, WireError};
 
-/// How long to wait before trying again after the coordinator could not be reached.
+/// How long to wait before trying again after a failed request (a rebalance is not one).
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 /// Connecting and every request other than JoinGroup.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -248,9 +248,8 @@ impl Member {
                 Ok(()) => Next::Rejoin,
                 Err(Failure::Stopped) => break,
                 Err(Failure::Retry(n)) => {
-                    if n == Next::Rediscover {
-                        std::thread::sleep(RETRY_BACKOFF);
-                    }
+                    // Not a tight loop of requests when the coordinator keeps refusing.
+                    std::thread::sleep(RETRY_BACKOFF);
                     n
                 }
             };
