@@ -70,9 +70,12 @@ fn unversioned(what: &'static str, mut bytes: Bytes) -> Result<(Bytes, i16), Cod
     Ok((bytes, version.min(3)))
 }
 
+fn topic_name(topic: &str) -> TopicName {
+    TopicName(StrBytes::from_string(topic.to_string()))
+}
+
 /// The subscription metadata of a member reading `topic` with `report`.
 pub fn subscription(topic: &str, report: &Report) -> Bytes {
-    let owned = AssignedPartitionsOf::new(topic, &report.active);
     let message = ConsumerProtocolSubscription::default()
         .with_topics(vec![StrBytes::from_string(topic.to_string())])
         .with_user_data(Some(Bytes::from(
@@ -80,8 +83,8 @@ pub fn subscription(topic: &str, report: &Report) -> Bytes {
         )))
         .with_owned_partitions(vec![
             kafka_protocol::messages::consumer_protocol_subscription::TopicPartition::default()
-                .with_topic(owned.topic)
-                .with_partitions(owned.partitions),
+                .with_topic(topic_name(topic))
+                .with_partitions(report.active.iter().copied().collect()),
         ]);
     versioned(CONSUMER_PROTOCOL_VERSION, |buf| {
         message.encode(buf, CONSUMER_PROTOCOL_VERSION)
@@ -99,24 +102,9 @@ pub fn read_subscription(bytes: Bytes) -> Result<Report, CodecError> {
     serde_json::from_slice(&user_data).map_err(|e| error("subscription user data", e))
 }
 
-struct AssignedPartitionsOf {
-    topic: TopicName,
-    partitions: Vec<i32>,
-}
-
-impl AssignedPartitionsOf {
-    fn new(topic: &str, partitions: &BTreeSet<i32>) -> Self {
-        AssignedPartitionsOf {
-            topic: TopicName(StrBytes::from_string(topic.to_string())),
-            partitions: partitions.iter().copied().collect(),
-        }
-    }
-}
-
 /// The assignment bytes of one member's share: its active tasks as partitions of `topic`,
 /// standbys and warm-ups in the user data.
 pub fn assignment(topic: &str, share: &MemberAssignment) -> Bytes {
-    let active = AssignedPartitionsOf::new(topic, &share.active);
     let standbys = Standbys {
         standby: share.standby.clone(),
         warm_up: share.warm_up.clone(),
@@ -124,8 +112,8 @@ pub fn assignment(topic: &str, share: &MemberAssignment) -> Bytes {
     let message = ConsumerProtocolAssignment::default()
         .with_assigned_partitions(vec![
             AssignedPartitions::default()
-                .with_topic(active.topic)
-                .with_partitions(active.partitions),
+                .with_topic(topic_name(topic))
+                .with_partitions(share.active.iter().copied().collect()),
         ])
         .with_user_data(Some(Bytes::from(
             serde_json::to_vec(&standbys).expect("standbys serialise"),

@@ -522,7 +522,8 @@ impl Member {
     }
 }
 
-/// A shared, settable [`MemberState`]: what tests and the engine hand a membership.
+/// A shared, settable [`MemberState`] (what the tests hand a membership; the engine will
+/// report from its tasks).
 #[derive(Default)]
 pub struct SharedState {
     pub report: Mutex<Report>,
