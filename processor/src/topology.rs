@@ -4,6 +4,8 @@
 
 use streamapp_api::config::{DedupId, DedupIdSource};
 
+use crate::json_pointer::{self, Scalar};
+
 /// Header carrying the reason on dead-letter records.
 pub const DLQ_REASON_HEADER: &str = "streamapp.dlq.reason";
 /// Header carrying `topic/partition/offset` of the original record on dead-letter records.
@@ -94,12 +96,13 @@ pub fn extract_id(
         }
         DedupIdSource::JsonPointer => {
             let value = record.value.ok_or(Rejection::MissingId)?;
-            let json: serde_json::Value =
-                serde_json::from_slice(value).map_err(|e| Rejection::InvalidJson(e.to_string()))?;
-            match json.pointer(source.json_pointer.as_deref().unwrap_or_default()) {
-                Some(serde_json::Value::String(s)) => Some(s.as_bytes().to_vec()),
-                Some(serde_json::Value::Number(n)) => Some(n.to_string().into_bytes()),
-                _ => None,
+            let pointer = source.json_pointer.as_deref().unwrap_or_default();
+            match json_pointer::find(value, pointer)
+                .map_err(|e| Rejection::InvalidJson(e.to_string()))?
+            {
+                Some(Scalar::String(s)) => Some(s.into_bytes()),
+                Some(Scalar::Number(n)) => Some(n.into_bytes()),
+                Some(Scalar::Other) | None => None,
             }
         }
     };
