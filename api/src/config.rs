@@ -548,6 +548,49 @@ pub struct ProcessorConfig {
     /// than any single blocking call of the loop (each is bounded by 30 s).
     #[serde(default = "default_liveness_timeout")]
     pub liveness_timeout: String,
+    /// Standby replicas and the state-aware group membership (ADR 0001).
+    #[serde(default)]
+    pub group: GroupSettings,
+}
+
+/// How the processes of one application share the tasks.
+///
+/// With `standbyReplicas` 0 the processor takes part in its consumer group through librdkafka
+/// (range assignor, static membership). With 1 or more it runs its own membership with
+/// StreamApp's state-aware assignor (ADR 0001): an active task stays on a pod whose store is
+/// caught up, a move to a pod without the state first warms a copy up there, and each task
+/// keeps that many standby copies on other pods, tailing its changelog with read_committed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupSettings {
+    /// Warm copies of each task's store on other pods (capped at pods − 1).
+    #[serde(default)]
+    pub standby_replicas: u32,
+    /// A store at most this many changelog records behind counts as caught up: a task moves
+    /// only to a pod whose copy is (Kafka Streams' `acceptable.recovery.lag`).
+    #[serde(default = "default_acceptable_recovery_lag")]
+    pub acceptable_recovery_lag: u64,
+    /// While a warm-up is in progress the group leader rebalances this often, to move the
+    /// task once its copy caught up (Kafka Streams' `probing.rebalance.interval.ms`).
+    #[serde(default = "default_probing_rebalance_interval")]
+    pub probing_rebalance_interval: String,
+}
+
+impl Default for GroupSettings {
+    fn default() -> Self {
+        GroupSettings {
+            standby_replicas: 0,
+            acceptable_recovery_lag: default_acceptable_recovery_lag(),
+            probing_rebalance_interval: default_probing_rebalance_interval(),
+        }
+    }
+}
+
+pub fn default_acceptable_recovery_lag() -> u64 {
+    10_000
+}
+pub fn default_probing_rebalance_interval() -> String {
+    "10m".into()
 }
 
 pub fn default_state_dir() -> String {
@@ -750,7 +793,49 @@ pub fn check_topic_name(topic: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// The state-aware membership's timing, from the settings and the client properties that
+/// librdkafka's membership would use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupTiming {
+    /// `session.timeout.ms` (45 s by default).
+    pub session_timeout: Duration,
+    /// `heartbeat.interval.ms` (3 s by default).
+    pub heartbeat_interval: Duration,
+    /// `max.poll.interval.ms` (5 min by default): how long a rebalance waits for members.
+    pub rebalance_timeout: Duration,
+    pub probing_rebalance_interval: Duration,
+}
+
 impl ProcessorConfig {
+    /// The membership's timing (see [`GroupTiming`]); errors name the field.
+    pub fn group_timing(&self) -> Result<GroupTiming, ConfigError> {
+        let millis = |key: &str, default: u64| -> Result<Duration, ConfigError> {
+            match self.kafka.properties.get(key) {
+                None => Ok(Duration::from_millis(default)),
+                Some(v) => v.parse().map(Duration::from_millis).map_err(|_| {
+                    ConfigError::field(
+                        &format!("kafka.properties.{key}"),
+                        "must be a whole number of milliseconds",
+                    )
+                }),
+            }
+        };
+        let probing = parse_duration(&self.group.probing_rebalance_interval)
+            .map_err(|e| ConfigError::field("group.probingRebalanceInterval", e))?;
+        if probing.is_zero() {
+            return Err(ConfigError::field(
+                "group.probingRebalanceInterval",
+                "must be greater than 0",
+            ));
+        }
+        Ok(GroupTiming {
+            session_timeout: millis("session.timeout.ms", 45_000)?,
+            heartbeat_interval: millis("heartbeat.interval.ms", 3_000)?,
+            rebalance_timeout: millis("max.poll.interval.ms", 300_000)?,
+            probing_rebalance_interval: probing,
+        })
+    }
+
     /// Checks the whole configuration. Errors name the field.
     pub fn validate(&self) -> Result<(ResolvedTopology, ResolvedRocksDb), ConfigError> {
         if self.application_id.is_empty()
@@ -788,6 +873,20 @@ impl ProcessorConfig {
             return Err(ConfigError::field(
                 "livenessTimeout",
                 "must be greater than 0",
+            ));
+        }
+        self.group_timing()?;
+        if self.group.standby_replicas > 0
+            && self
+                .kafka
+                .properties
+                .get("security.protocol")
+                .is_some_and(|p| !p.eq_ignore_ascii_case("plaintext"))
+        {
+            return Err(ConfigError::field(
+                "group.standbyReplicas",
+                "needs kafka.properties.security.protocol plaintext for now: the state-aware \
+                 group membership does not speak TLS or SASL yet",
             ));
         }
         let topology = self.topology.resolve()?;
@@ -872,7 +971,34 @@ mod tests {
             http_port: 8080,
             drain_timeout: default_drain_timeout(),
             liveness_timeout: default_liveness_timeout(),
+            group: GroupSettings::default(),
         }
+    }
+
+    #[test]
+    fn standbys_take_their_timing_from_the_client_properties_and_need_plaintext_for_now() {
+        let mut c = processor_config(&[("session.timeout.ms", "6000")]);
+        c.group.standby_replicas = 1;
+        let t = c.group_timing().unwrap();
+        assert_eq!(t.session_timeout, Duration::from_secs(6));
+        assert_eq!(t.heartbeat_interval, Duration::from_secs(3));
+        assert_eq!(t.rebalance_timeout, Duration::from_secs(300));
+        assert_eq!(t.probing_rebalance_interval, Duration::from_secs(600));
+        assert!(c.validate().is_ok());
+        c.kafka
+            .properties
+            .insert("security.protocol".into(), "SASL_SSL".into());
+        assert_eq!(c.validate().unwrap_err().field, "group.standbyReplicas");
+        c.group.standby_replicas = 0;
+        assert!(
+            c.validate().is_ok(),
+            "librdkafka's membership speaks TLS and SASL"
+        );
+        c.group.probing_rebalance_interval = "0s".into();
+        assert_eq!(
+            c.validate().unwrap_err().field,
+            "group.probingRebalanceInterval"
+        );
     }
 
     #[test]

@@ -102,6 +102,13 @@ use crate::config::{RocksDbTuning, Topology};
         priority = 1
     ),
     printcolumn(
+        name = "Standbys",
+        type_ = "string",
+        json_path = ".status.standbyCoverage",
+        description = "Input partitions with a caught-up standby copy / all input partitions",
+        priority = 1
+    ),
+    printcolumn(
         name = "Reason",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
@@ -122,6 +129,7 @@ use crate::config::{RocksDbTuning, Topology};
     validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.writeBufferSize) || quantity(self.rocksdb.writeBufferSize).compareTo(quantity('1Mi')) >= 0").message("rocksdb.writeBufferSize must be at least 1Mi (smaller memtables flush all the time)"),
     validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.writeBufferSize) || !has(self.rocksdb.memtableBudget) || quantity(self.rocksdb.memtableBudget).compareTo(quantity(self.rocksdb.writeBufferSize)) >= 0").message("rocksdb.memtableBudget must be at least rocksdb.writeBufferSize"),
     validation = Rule::new("duration(self.topology.maxSkew) < duration(self.topology.retention)").message("topology.maxSkew must be less than topology.retention (ids are remembered for retention minus maxSkew at least)"),
+    validation = Rule::new("!has(self.standbyReplicas) || self.standbyReplicas == 0 || (!has(self.kafka.sasl) && !has(self.kafka.tls) && (!has(self.kafka.properties) || !('security.protocol' in self.kafka.properties) || self.kafka.properties['security.protocol'].lowerAscii() == 'plaintext'))").message("standbyReplicas needs a plaintext Kafka connection for now (no kafka.tls, kafka.sasl or other security.protocol): the state-aware group membership does not speak TLS or SASL yet"),
     validation = Rule::new("quantity(self.topology.maxValueSize).asInteger() + 65536 <= (has(self.kafka.properties) && 'message.max.bytes' in self.kafka.properties ? int(self.kafka.properties['message.max.bytes']) : 1000000)").message("topology.maxValueSize plus 64Ki for key and headers must fit the producer's message.max.bytes (kafka.properties.message.max.bytes, librdkafka's default 1000000): use at most 934464 bytes (the default is 900k) or raise message.max.bytes"),
 )]
 #[serde(rename_all = "camelCase")]
@@ -135,6 +143,16 @@ pub struct StreamAppSpec {
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 0, max = 1000))]
     pub replicas: i32,
+    /// Warm copies of each partition's state store kept on other pods (capped at replicas − 1):
+    /// a pod that is lost hands its partitions to the holders of their copies, which replay
+    /// only the changelog tail they have not applied yet instead of the whole changelog. A
+    /// copy holds only committed records. With 1 or more the processors share the partitions
+    /// through StreamApp's state-aware assignor (a partition stays where its store is caught
+    /// up; a move to a pod without the state warms a copy up there first). Needs a plaintext
+    /// Kafka connection for now.
+    #[serde(default, skip_serializing_if = "no_standbys")]
+    #[schemars(range(min = 0, max = 10))]
+    pub standby_replicas: i32,
     /// How the processors reach Kafka.
     pub kafka: KafkaSpec,
     /// What is deduplicated and where records go.
@@ -211,6 +229,10 @@ pub enum DeletionPolicy {
     #[default]
     Retain,
     Delete,
+}
+
+fn no_standbys(n: &i32) -> bool {
+    *n == 0
 }
 
 pub fn default_replicas() -> i32 {
@@ -462,6 +484,10 @@ pub struct StreamAppStatus {
     /// Largest number of changelog records any store would replay after a crash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worst_restore_lag: Option<i64>,
+    /// With `standbyReplicas`: input partitions that have a caught-up standby copy on some pod
+    /// (at most 10,000 changelog records behind), of all input partitions, e.g. `4/4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_coverage: Option<String>,
     /// When the store that committed least recently did so (across pods): `kubectl get` shows
     /// its age.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -580,7 +606,7 @@ pub struct PodStateStatus {
 #[serde(rename_all = "camelCase")]
 pub struct TaskStateStatus {
     pub partition: i32,
-    /// Opening, Restoring, Restored, Active or BackingOff.
+    /// Opening, Restoring, Restored, Active, BackingOff, Standby or WarmingUp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
     /// Why the store cannot be used for now (a full disk, an I/O error, its lock held), while

@@ -136,6 +136,12 @@ pub enum TaskState {
     /// The store cannot be used for now (disk full, an I/O error, its lock held): closed and
     /// retried later. Nothing is deleted or quarantined.
     BackingOff,
+    /// A standby replica: the store follows the changelog (committed records only), ready to
+    /// take the task over with at most a short tail to replay.
+    Standby,
+    /// A standby that is a move in progress: the task becomes active here once the store is
+    /// caught up (the next probing rebalance).
+    WarmingUp,
 }
 
 /// Why a store cannot be used for now, although it is not damaged.

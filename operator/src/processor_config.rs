@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
-use streamapp_api::config::{KafkaClient, ProcessorConfig, default_liveness_timeout};
+use streamapp_api::config::{
+    GroupSettings, KafkaClient, ProcessorConfig, default_liveness_timeout,
+};
 use streamapp_api::crd::StreamApp;
 
 use crate::owned;
@@ -64,6 +66,10 @@ pub fn processor_config(app: &StreamApp) -> ProcessorConfig {
         http_port: HTTP_PORT,
         drain_timeout: spec.shutdown.drain_timeout.clone(),
         liveness_timeout: default_liveness_timeout(),
+        group: GroupSettings {
+            standby_replicas: spec.standby_replicas.max(0) as u32,
+            ..GroupSettings::default()
+        },
     }
 }
 

@@ -1,12 +1,12 @@
 //! Scale-in one pod at a time, each step once the remaining pods hold the state.
 //!
 //! A partition that leaves a pod is restored from its changelog by the pod that takes it over
-//! (there are no standby replicas yet). Going from 6 pods to 2 in one step makes four pods'
-//! partitions restore at once on two pods, with nothing processed meanwhile; an autoscaler
-//! that scales in and out again turns that into a restore storm. So the operator lowers the
-//! StatefulSet's replicas by one, and takes the next step only when the agents of the pods that
-//! remain report every input partition held (opened and restored, or processing) and none still
-//! restoring. Scaling out, scaling to zero (stopping, a reset) and the first creation are not
+//! (or, once the group assigns standbys, caught up from the standby it kept). Going from 6
+//! pods to 2 in one step makes four pods' partitions restore at once on two pods, with nothing
+//! processed meanwhile; an autoscaler that scales in and out again turns that into a restore
+//! storm. So the operator lowers the StatefulSet's replicas by one, and takes the next step
+//! only when the agents of the pods that remain report every input partition held (opened and
+//! restored, or processing; a standby or warm-up does not count) and none still restoring. Scaling out, scaling to zero (stopping, a reset) and the first creation are not
 //! stepped: nothing restores on the pods that remain.
 //!
 //! What the agents report is all this looks at. A remaining pod whose processor is down cannot
@@ -20,6 +20,9 @@ use crate::owned::pod_ordinal;
 
 /// Task states of a store that is not usable yet.
 const NOT_YET_HELD: [&str; 2] = ["Opening", "Restoring"];
+/// Task states of a replica that keeps a store warm but does not process the partition: a pod
+/// with only these has not taken the partition over.
+const REPLICA_ONLY: [&str; 2] = ["Standby", "WarmingUp"];
 
 /// What the next scale step is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,7 +89,12 @@ pub fn next_step(
     if let (Some(partitions), true) = (partitions, all_reporting) {
         let mut held: Vec<i32> = remaining
             .iter()
-            .flat_map(|r| r.tasks.iter().map(|t| t.partition))
+            .flat_map(|r| {
+                r.tasks
+                    .iter()
+                    .filter(|t| !REPLICA_ONLY.contains(&t.state.as_deref().unwrap_or("")))
+                    .map(|t| t.partition)
+            })
             .collect();
         held.sort_unstable();
         held.dedup();
@@ -196,6 +204,24 @@ mod tests {
         let unreported = [pod("orders-0", true, &[(0, "Active")])];
         assert_eq!(step(Some(2), 1, &unreported).replicas, 1);
         assert_eq!(step(Some(3), 1, &[]).replicas, 2, "no reports at all");
+    }
+
+    #[test]
+    fn a_standby_or_warm_up_on_a_remaining_pod_is_not_a_take_over() {
+        let reports = [
+            pod(
+                "orders-0",
+                true,
+                &[(0, "Active"), (1, "Active"), (2, "Standby")],
+            ),
+            pod("orders-1", true, &[(3, "Active"), (2, "WarmingUp")]),
+        ];
+        let s = step(Some(2), 1, &reports);
+        assert_eq!(s.replicas, 2);
+        assert!(
+            s.waiting.unwrap().ends_with("take over partition(s) 2"),
+            "partition 2 has replicas only"
+        );
     }
 
     #[test]

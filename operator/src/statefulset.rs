@@ -273,6 +273,8 @@ fn processor_container(app: &StreamApp) -> Container {
     let spec = &app.spec;
     let mut env = vec![
         field_env("POD_NAME", "metadata.name"),
+        // Where standbys are placed: on other nodes than their active task first.
+        field_env("NODE_NAME", "spec.nodeName"),
         plain_env("STREAMAPP_CONFIG", CONFIG_PATH),
         plain_env("STREAMAPP_STATE_DIR", STATE_DIR),
     ];

@@ -480,11 +480,33 @@ pub fn compute_status(
             .to_string(),
         ),
         worst_restore_lag: tasks().filter_map(|t| t.restore_lag).max(),
+        standby_coverage: (app.spec.standby_replicas > 0)
+            .then(|| standby_coverage(&reports, input_partitions))
+            .flatten(),
         oldest_checkpoint: oldest_checkpoint(&reports),
         config_hash,
         conditions,
         pods: Vec::new(),
     }
+}
+
+/// A standby copy this many changelog records behind (or less) counts as caught up: the
+/// processor's default `acceptable.recovery.lag`, under which the assignor moves a task to it.
+const CAUGHT_UP_LAG: i64 = 10_000;
+
+/// `standbyCoverage`: how many of the input's partitions have a caught-up standby copy on some
+/// pod, as `covered/partitions` (unknown until the partition count is).
+fn standby_coverage(reports: &[&PodStateStatus], partitions: Option<i32>) -> Option<String> {
+    let partitions = partitions?;
+    let covered: std::collections::BTreeSet<i32> = reports
+        .iter()
+        .flat_map(|r| r.tasks.iter())
+        .filter(|t| t.state.as_deref() == Some("Standby"))
+        .filter(|t| t.restore_lag.is_some_and(|lag| lag <= CAUGHT_UP_LAG))
+        .map(|t| t.partition)
+        .filter(|p| (0..partitions).contains(p))
+        .collect();
+    Some(format!("{}/{partitions}", covered.len()))
 }
 
 /// The EveryIdDeduplicated condition: (status, reason, message). With repartitioning, or an

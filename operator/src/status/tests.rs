@@ -628,3 +628,40 @@ fn every_id_is_deduplicated_when_repartitioning_and_a_miskeyed_input_under_never
         miskeyed.message
     );
 }
+
+#[test]
+fn standby_coverage_counts_partitions_with_a_caught_up_standby_copy() {
+    let task = |partition, state: &str, lag| TaskStateStatus {
+        partition,
+        state: Some(state.into()),
+        restore_lag: Some(lag),
+        ..Default::default()
+    };
+    let a = report(
+        "orders-0",
+        "Running",
+        vec![
+            task(0, "Active", 0),
+            task(1, "Standby", 5),
+            task(2, "Standby", 50_000),
+        ],
+    );
+    let b = report(
+        "orders-1",
+        "Running",
+        vec![
+            task(1, "Active", 0),
+            task(2, "Active", 0),
+            task(0, "WarmingUp", 0),
+        ],
+    );
+    // Partition 1 is covered; 2's copy is far behind; 0 has only a warm-up (a move, not a
+    // copy kept beside its active task); 3 has nothing.
+    assert_eq!(standby_coverage(&[&a, &b], Some(4)).as_deref(), Some("1/4"));
+    assert_eq!(
+        standby_coverage(&[&a, &b], None),
+        None,
+        "partitions unknown"
+    );
+    assert_eq!(standby_coverage(&[], Some(4)).as_deref(), Some("0/4"));
+}
