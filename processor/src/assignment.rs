@@ -15,6 +15,12 @@
 //! 3. Each task gets up to `standby_replicas` standbys on other members than its active (and
 //!    its warm-up), preferring members that hold its state, then members on other nodes than
 //!    the active's, then the least loaded.
+//! 4. A repartitioning topology's route stage (input partitions, no state) is spread evenly
+//!    over the members, the same way for the same members.
+//!
+//! While the group also has members that only know Kafka's `range` assignor (a rollout that
+//! turns standbys on or off), the coordinator picks `range`, and a leader of ours computes it
+//! with [`range`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,6 +45,9 @@ pub struct Facts {
     pub standby_replicas: usize,
     /// A store at most this many records behind its changelog end counts as caught up.
     pub acceptable_lag: u64,
+    /// Partitions of the route stage's topic (the input, when the topology repartitions; 0
+    /// when it does not).
+    pub route_partitions: i32,
 }
 
 /// One member's share.
@@ -48,6 +57,8 @@ pub struct MemberAssignment {
     pub standby: BTreeSet<i32>,
     /// Standbys that are moves in progress: the task goes active here once caught up.
     pub warm_up: BTreeSet<i32>,
+    /// Route-stage tasks (input partitions of a repartitioning topology).
+    pub routes: BTreeSet<i32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -193,6 +204,50 @@ pub fn assign(members: &[Member], facts: &Facts) -> Assignment {
                 .insert(t);
         }
     }
+
+    // 4. Route tasks have no state: round robin over the members in id order.
+    for r in 0..facts.route_partitions {
+        let m = members[r as usize % members.len()];
+        out.members.get_mut(&m.id).expect("member").routes.insert(r);
+    }
+    out
+}
+
+/// Kafka's range assignor, as plain consumers run it: per topic, the members in id order each
+/// get a run of consecutive partitions, the first ones one more when the count does not divide
+/// evenly. No standbys, no warm-ups.
+pub fn range(
+    member_ids: &[String],
+    tasks: i32,
+    route_partitions: i32,
+) -> BTreeMap<String, MemberAssignment> {
+    let mut ids: Vec<&String> = member_ids.iter().collect();
+    ids.sort();
+    let mut out: BTreeMap<String, MemberAssignment> = ids
+        .iter()
+        .map(|id| ((*id).clone(), MemberAssignment::default()))
+        .collect();
+    if ids.is_empty() {
+        return out;
+    }
+    let runs = |partitions: i32| -> Vec<std::ops::Range<i32>> {
+        let (n, m) = (partitions.max(0) as usize, ids.len());
+        let mut start = 0;
+        (0..m)
+            .map(|i| {
+                let len = n / m + usize::from(i < n % m);
+                let run = start as i32..(start + len) as i32;
+                start += len;
+                run
+            })
+            .collect()
+    };
+    for (id, run) in ids.iter().zip(runs(tasks)) {
+        out.get_mut(*id).expect("member").active.extend(run);
+    }
+    for (id, run) in ids.iter().zip(runs(route_partitions)) {
+        out.get_mut(*id).expect("member").routes.extend(run);
+    }
     out
 }
 
@@ -205,6 +260,7 @@ mod tests {
             changelog_ends: (0..tasks).map(|t| (t, end)).collect(),
             standby_replicas,
             acceptable_lag: 100,
+            route_partitions: 0,
         }
     }
 
@@ -344,5 +400,57 @@ mod tests {
         let mut reversed = members.clone();
         reversed.reverse();
         assert_eq!(assign(&members, &f), assign(&reversed, &f));
+    }
+
+    #[test]
+    fn route_tasks_are_spread_evenly_and_each_once() {
+        let members = [
+            member("b", &[], &[]),
+            member("a", &[], &[]),
+            member("c", &[], &[]),
+        ];
+        let f = Facts {
+            route_partitions: 8,
+            ..facts(8, 0, 0)
+        };
+        let a = assign(&members, &f);
+        let mut all: Vec<i32> = a.members.values().flat_map(|m| m.routes.clone()).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..8).collect::<Vec<_>>());
+        let loads: Vec<usize> = a.members.values().map(|m| m.routes.len()).collect();
+        assert_eq!(loads, [3, 3, 2], "a, b, c in id order");
+        assert!(
+            assign(&members, &facts(8, 0, 0))
+                .members
+                .values()
+                .all(|m| m.routes.is_empty()),
+            "none without a route stage"
+        );
+    }
+
+    #[test]
+    fn range_gives_each_member_a_run_of_partitions_the_first_ones_one_more() {
+        let ids = ["m-b".to_string(), "m-a".to_string(), "m-c".to_string()];
+        let shares = range(&ids, 8, 2);
+        let runs: Vec<(Vec<i32>, Vec<i32>)> = shares
+            .values()
+            .map(|s| {
+                assert!(s.standby.is_empty() && s.warm_up.is_empty());
+                (
+                    s.active.iter().copied().collect(),
+                    s.routes.iter().copied().collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            runs,
+            [
+                (vec![0, 1, 2], vec![0]),
+                (vec![3, 4, 5], vec![1]),
+                (vec![6, 7], vec![]),
+            ],
+            "m-a, m-b, m-c in id order"
+        );
+        assert!(range(&[], 4, 0).is_empty());
     }
 }

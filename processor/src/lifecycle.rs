@@ -15,6 +15,12 @@
 //!
 //!  Unavailable (disk full, I/O error, lock held) in any phase with a store ──▶ BackingOff
 //!  BackingOff ── Tick past retry time ──▶ Opening (the same store, reopened)
+//!
+//!            AssignedStandby          Opened                Assigned (promotion)
+//!  Closed ───────────────────▶ Opening ─────────▶ Standby ─────────────────────▶ Restoring ─▶ …
+//!  Suspended ────────────────▶ (the same store)      │ NotReassigned (close, checkpoint)
+//!                                                    ▼
+//!                                                  Closed
 //! ```
 //!
 //! The rules that matter:
@@ -29,9 +35,14 @@
 //!   healthy, damage backs off too: the volume itself is suspect, and quarantining again would
 //!   only fill it.
 //! - **Old quarantines may be pruned only once a healthy store exists** (the task became active).
+//! - **A standby's store is written by its follower only** (the state updater applies
+//!   committed changelog records with their offset in the same batch, DESIGN.md's invariant 5).
+//!   A rebalance does not revoke it: it follows until an assignment makes it active (the
+//!   ordinary tail replay, then processing) or leaves it out (closed with a checkpoint).
+//!   A warm-up is a standby that is a move in progress; it only reports differently.
 //!
-//! Later work (standby tasks, warm-up tasks, a state-updater thread) adds phases and events
-//! here; the engine stays the driver.
+//! The engine stays the driver: it opens stores, hands them to the state updater and feeds the
+//! facts back in.
 
 use std::time::Duration;
 
@@ -65,13 +76,19 @@ pub enum Phase {
     Suspended,
     /// The store cannot be used for now; it is released and retried at `retry_at_ms`.
     BackingOff(StoreBackoff),
+    /// A standby (or warm-up): the store follows the changelog on the state updater, nothing
+    /// processes it.
+    Standby,
 }
 
 /// What happened to a task.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    /// The group assigned the partition to this process.
+    /// The group assigned the partition to this process (as an active task).
     Assigned,
+    /// The group assigned a standby of the partition to this process; a warm-up is a standby
+    /// the task moves to once caught up.
+    AssignedStandby { warm_up: bool },
     /// The store is open for use, and how it was found.
     Opened(StoreOpen),
     /// Opening, restoring, reading, applying or flushing the store failed.
@@ -97,8 +114,11 @@ pub enum Command {
     StopConsuming,
     /// The checkpoint vouches for a closed store only: remove it before anything writes.
     RemoveCheckpoint,
-    /// Start (or start again) replaying the changelog from the store's own offset.
+    /// Start (or start again) replaying the changelog from the store's own offset; a standby's
+    /// store is taken from its follower for it.
     BeginRestore,
+    /// Hand the store to the state updater to follow the changelog from its own offset.
+    FollowChangelog,
     /// Flush memtables and the WAL; the store stays open.
     FlushStore,
     /// Flush and close the store, then write its checkpoint.
@@ -124,6 +144,16 @@ pub struct Lifecycle {
     opened: Option<StoreOpen>,
     /// The current back-off episode, kept while the store is retried.
     backoff: Option<StoreBackoff>,
+    /// What the group assigned: an active task or a standby (its phases up to open are the
+    /// same).
+    role: Role,
+}
+
+/// What a task is assigned as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Active,
+    Standby { warm_up: bool },
 }
 
 impl Default for Lifecycle {
@@ -134,6 +164,7 @@ impl Default for Lifecycle {
             rebuilds_in_a_row: 0,
             opened: None,
             backoff: None,
+            role: Role::Active,
         }
     }
 }
@@ -145,26 +176,71 @@ impl Lifecycle {
         use Phase::*;
         match (self.phase.clone(), event) {
             (Closed, Event::Assigned) => {
+                self.role = Role::Active;
                 self.phase = Opening;
                 self.opened = None;
                 vec![]
             }
             // The same open store comes back: it is resumed when the engine opens the task.
             (Suspended, Event::Assigned) => {
+                self.role = Role::Active;
                 self.phase = Opening;
                 vec![]
             }
-            (_, Event::Assigned) => vec![],
+            // Promotion: the standby's store replays what it has not applied yet, then the
+            // task is activated as any other.
+            (Standby, Event::Assigned) => {
+                self.role = Role::Active;
+                self.phase = Restoring;
+                vec![BeginRestore]
+            }
+            (_, Event::Assigned) => {
+                self.role = Role::Active;
+                vec![]
+            }
+
+            (Closed, Event::AssignedStandby { warm_up }) => {
+                self.role = Role::Standby { warm_up };
+                self.phase = Opening;
+                self.opened = None;
+                vec![]
+            }
+            (Suspended, Event::AssignedStandby { warm_up }) => {
+                self.role = Role::Standby { warm_up };
+                self.phase = Opening;
+                vec![]
+            }
+            // Active here until now (the engine revokes before it assigns, so only without a
+            // rebalance in between): stop processing, then follow like any standby.
+            (Active, Event::AssignedStandby { warm_up }) => {
+                self.role = Role::Standby { warm_up };
+                self.phase = Standby;
+                vec![StopConsuming, FollowChangelog]
+            }
+            (Restoring | Restored, Event::AssignedStandby { warm_up }) => {
+                self.role = Role::Standby { warm_up };
+                self.phase = Standby;
+                vec![FollowChangelog]
+            }
+            (_, Event::AssignedStandby { warm_up }) => {
+                self.role = Role::Standby { warm_up };
+                vec![]
+            }
 
             (Opening, Event::Opened(how)) => {
                 self.store_open = true;
-                self.phase = Restoring;
                 // A store created empty after a quarantine is the rebuild of that store.
                 self.opened = Some(match how {
                     StoreOpen::FullRestore if self.rebuilds_in_a_row > 0 => StoreOpen::Rebuilt,
                     how => how,
                 });
-                vec![RemoveCheckpoint, BeginRestore]
+                if self.role == Role::Active {
+                    self.phase = Restoring;
+                    vec![RemoveCheckpoint, BeginRestore]
+                } else {
+                    self.phase = Standby;
+                    vec![RemoveCheckpoint, FollowChangelog]
+                }
             }
             (Restoring, Event::CaughtUp) => {
                 self.phase = Restored;
@@ -219,6 +295,11 @@ impl Lifecycle {
                 self.phase = Suspended;
                 vec![StopConsuming, FlushStore]
             }
+            // Standbys are not consumed from: a rebalance leaves them following (or opening, or
+            // backing off) until the new assignment says what they are.
+            (Standby | Opening | BackingOff(_), Event::Revoked) if self.role != Role::Active => {
+                vec![]
+            }
             (Opening | Restoring | Restored, Event::Revoked) if self.store_open => {
                 self.phase = Suspended;
                 vec![FlushStore]
@@ -228,7 +309,7 @@ impl Lifecycle {
                 vec![]
             }
 
-            (Suspended, Event::NotReassigned) => {
+            (Suspended | Standby, Event::NotReassigned) => {
                 self.phase = Closed;
                 self.store_open = false;
                 vec![CloseStore]
@@ -295,7 +376,16 @@ impl Lifecycle {
             Phase::Restored => Some(TaskState::Restored),
             Phase::Active => Some(TaskState::Active),
             Phase::BackingOff(_) => Some(TaskState::BackingOff),
+            Phase::Standby => Some(match self.role {
+                Role::Standby { warm_up: true } => TaskState::WarmingUp,
+                _ => TaskState::Standby,
+            }),
         }
+    }
+
+    /// What the group assigned the task as.
+    pub fn role(&self) -> Role {
+        self.role
     }
 
     pub fn opened(&self) -> Option<StoreOpen> {
@@ -587,6 +677,105 @@ mod tests {
         l.on(Event::Revoked, T0);
         assert_eq!(l.on(disk_full(), T0), vec![ReleaseStore]);
         assert_eq!(l.phase, Phase::Closed);
+    }
+
+    /// A task taken through a standby assignment and open to following its changelog.
+    fn standby(warm_up: bool) -> Lifecycle {
+        let mut l = Lifecycle::default();
+        assert_eq!(l.on(Event::AssignedStandby { warm_up }, T0), vec![]);
+        assert_eq!(l.phase, Phase::Opening);
+        assert_eq!(
+            l.on(Event::Opened(StoreOpen::ReplayedTail), T0),
+            vec![RemoveCheckpoint, FollowChangelog]
+        );
+        assert_eq!(l.phase, Phase::Standby);
+        assert!(l.store_open());
+        l
+    }
+
+    #[test]
+    fn a_standby_opens_its_store_and_follows_the_changelog_and_a_warm_up_says_so() {
+        let l = standby(false);
+        assert_eq!(l.state(), Some(TaskState::Standby));
+        assert_eq!(l.role(), Role::Standby { warm_up: false });
+        let mut l = standby(true);
+        assert_eq!(l.state(), Some(TaskState::WarmingUp));
+        // The next assignment keeps it as a plain standby: the same store follows on.
+        assert_eq!(l.on(Event::AssignedStandby { warm_up: false }, T0), vec![]);
+        assert_eq!(l.state(), Some(TaskState::Standby));
+    }
+
+    #[test]
+    fn a_rebalance_leaves_a_standby_following() {
+        let mut l = standby(false);
+        assert_eq!(l.on(Event::Revoked, T0), vec![]);
+        assert_eq!(l.phase, Phase::Standby);
+        // Still opening, or backing off: the same.
+        let mut l = Lifecycle::default();
+        l.on(Event::AssignedStandby { warm_up: false }, T0);
+        assert_eq!(l.on(Event::Revoked, T0), vec![]);
+        assert_eq!(l.phase, Phase::Opening);
+        l.on(disk_full(), T0);
+        assert_eq!(l.on(Event::Revoked, T0), vec![]);
+        assert!(l.backoff().is_some());
+    }
+
+    #[test]
+    fn a_promoted_standby_replays_its_tail_and_becomes_active() {
+        let mut l = standby(true);
+        assert_eq!(l.on(Event::Assigned, T0), vec![BeginRestore]);
+        assert_eq!(l.phase, Phase::Restoring);
+        assert_eq!(l.role(), Role::Active);
+        assert_eq!(l.on(Event::CaughtUp, T0), vec![]);
+        assert_eq!(l.on(Event::Activated, T0), vec![PruneQuarantines]);
+        assert_eq!(l.state(), Some(TaskState::Active));
+    }
+
+    #[test]
+    fn a_standby_left_out_of_the_assignment_is_closed_with_a_checkpoint() {
+        let mut l = standby(false);
+        assert_eq!(l.on(Event::NotReassigned, T0), vec![CloseStore]);
+        assert_eq!(l.phase, Phase::Closed);
+        assert!(!l.store_open());
+        let mut l = standby(false);
+        assert_eq!(l.on(Event::Drain, T0), vec![CloseStore]);
+    }
+
+    #[test]
+    fn an_active_task_that_stays_here_as_a_standby_keeps_its_store() {
+        // Through a rebalance: revoked (suspended, flushed), then assigned as a standby.
+        let mut l = active();
+        l.on(Event::Revoked, T0);
+        assert_eq!(l.on(Event::AssignedStandby { warm_up: false }, T0), vec![]);
+        assert_eq!(l.phase, Phase::Opening);
+        assert!(l.store_open(), "the engine resumes the open store");
+        assert_eq!(
+            l.on(Event::Opened(StoreOpen::Resumed), T0),
+            vec![RemoveCheckpoint, FollowChangelog]
+        );
+        assert_eq!(l.state(), Some(TaskState::Standby));
+        // Without one: it stops consuming first.
+        let mut l = active();
+        assert_eq!(
+            l.on(Event::AssignedStandby { warm_up: false }, T0),
+            vec![StopConsuming, FollowChangelog]
+        );
+        assert_eq!(l.phase, Phase::Standby);
+    }
+
+    #[test]
+    fn a_damaged_standby_is_rebuilt_as_a_standby_and_never_stops_consuming() {
+        let mut l = standby(false);
+        let commands = l.on(damaged(), T0);
+        assert!(!commands.contains(&StopConsuming), "{commands:?}");
+        assert!(matches!(commands.last(), Some(QuarantineStore { .. })));
+        assert_eq!(l.phase, Phase::Opening);
+        assert_eq!(
+            l.on(Event::Opened(StoreOpen::FullRestore), T0),
+            vec![RemoveCheckpoint, FollowChangelog]
+        );
+        assert_eq!(l.opened(), Some(StoreOpen::Rebuilt));
+        assert_eq!(l.state(), Some(TaskState::Standby));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use rdkafka::config::ClientConfig;
 use streamapp_api::config::{DedupIdSource, ProcessorConfig, Repartition};
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase};
 use streamapp_api::units::parse_duration;
-use streamapp_processor::engine::{Engine, EngineConfig, EngineError};
+use streamapp_processor::engine::{Engine, EngineConfig, EngineError, GroupSetup};
 use streamapp_processor::shared::{Shared, now_ms};
 use streamapp_processor::state_dir::StateDir;
 use streamapp_processor::topics::{self, WrittenTopic};
@@ -371,6 +371,13 @@ fn run(args: RunArgs) -> ExitCode {
         input_partitions: input_partitions as u32,
         rocksdb,
         client,
+        group: GroupSetup {
+            standby_replicas: config.group.standby_replicas,
+            acceptable_recovery_lag: config.group.acceptable_recovery_lag,
+            timing: config.group_timing().expect("validated in load_config"),
+            // The downward API's spec.nodeName, set by the operator.
+            node: std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
+        },
     };
 
     let code = supervise(engine_config, shared.clone(), metrics);

@@ -57,6 +57,8 @@ pub struct Metrics {
     pub records_repartitioned: Counter,
     pub miskeyed_records: Counter,
     pub stage_lag: Family<StageLabel, Gauge>,
+    /// Per standby or warm-up copy: changelog records it has not applied yet.
+    pub standby_lag: Family<PartitionLabel, Gauge>,
     pub store_verifications: Family<OutcomeLabel, Counter>,
 }
 
@@ -82,6 +84,7 @@ impl Metrics {
             store_backoffs: Family::default(),
             tasks_backing_off: Family::default(),
             stage_lag: Family::default(),
+            standby_lag: Family::default(),
             store_verifications: Family::default(),
             transaction_timeouts: Counter::default(),
             records_repartitioned: Counter::default(),
@@ -137,6 +140,11 @@ impl Metrics {
             "restore_seconds",
             "Time spent restoring stores",
             m.restore_seconds.clone(),
+        );
+        r.register(
+            "standby_lag",
+            "Changelog records a standby (or warm-up) copy of the partition's store has not applied yet",
+            m.standby_lag.clone(),
         );
         r.register(
             "quarantines",

@@ -48,7 +48,8 @@ pub fn readiness(facts: &ReadinessFacts<'_>) -> Result<(), String> {
     let mut why = Vec::new();
     for (partition, state, backoff) in &facts.tasks {
         match (state, backoff) {
-            (TaskState::Active, _) => {}
+            // A standby (or warm-up) still catching up holds no processing back.
+            (TaskState::Active | TaskState::Standby | TaskState::WarmingUp, _) => {}
             (TaskState::BackingOff, Some(b)) => why.push(format!(
                 "partition {partition} backs off ({:?}: {})",
                 b.kind, b.reason
@@ -114,5 +115,19 @@ mod tests {
             ..facts
         };
         assert_eq!(readiness(&draining), Err("draining".into()));
+    }
+
+    #[test]
+    fn standbys_and_warm_ups_do_not_hold_readiness_back() {
+        let facts = ReadinessFacts {
+            assigned: true,
+            draining: false,
+            tasks: vec![
+                (0, TaskState::Active, None),
+                (1, TaskState::Standby, None),
+                (2, TaskState::WarmingUp, None),
+            ],
+        };
+        assert_eq!(readiness(&facts), Ok(()));
     }
 }

@@ -12,6 +12,13 @@
 //! another producer (a previous owner of the task) still has a transaction open on it, records
 //! after it may yet become visible, so that partition waits for it to end — without holding
 //! the other partitions back.
+//!
+//! A **follower** ([`Restorer::follower`]) reads the same way for standby stores, but never
+//! finishes: at the visible end it applies what it read with the reader's position (both in one
+//! batch, so the store's offset never vouches for more than it holds) and goes on reading what
+//! gets committed. The active's open transaction is the normal state of a followed partition,
+//! not something to wait for: read_committed stops before it and hands its records over only
+//! once it commits, and never those of an aborted one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -68,6 +75,8 @@ pub enum Step {
     WaitingForOpenTransaction,
     /// Caught up with the changelog.
     Done,
+    /// A follower at the visible end: it goes on reading what gets committed.
+    Following,
 }
 
 /// The reader's client context: reaching the end of a partition is how restore finishes, not
@@ -142,6 +151,8 @@ impl ChangelogEnds {
 /// Reads changelog partitions for restore, all of them through one reader.
 pub struct Restorer {
     topic: String,
+    /// Standby stores: never finished, see the module's doc.
+    follow: bool,
     /// read_committed, partition EOF events on.
     reader: BaseConsumer<ReaderContext>,
     ends: ChangelogEnds,
@@ -152,7 +163,18 @@ pub struct Restorer {
 pub type PartitionStep = Result<(u64, Step), RestoreError>;
 
 impl Restorer {
+    /// A reader that catches stores up with the changelog and then hands them back.
     pub fn new(base: &ClientConfig, topic: &str) -> Result<Self, KafkaError> {
+        Self::with_mode(base, topic, false)
+    }
+
+    /// A reader that keeps standby stores caught up for as long as it holds them. Its own
+    /// reader, so a restore that a task waits for never queues behind standbys.
+    pub fn follower(base: &ClientConfig, topic: &str) -> Result<Self, KafkaError> {
+        Self::with_mode(base, topic, true)
+    }
+
+    fn with_mode(base: &ClientConfig, topic: &str, follow: bool) -> Result<Self, KafkaError> {
         let mut reader_cfg = base.clone();
         reader_cfg
             .set("isolation.level", "read_committed")
@@ -161,11 +183,14 @@ impl Restorer {
             .set("auto.offset.reset", "earliest")
             // A catch-up reader: at the end of the partition the broker answers at once
             // instead of holding the fetch for new records (500 ms by default), which would
-            // add up to a second per partition to every restart.
-            .set("fetch.wait.max.ms", "10")
+            // add up to a second per partition to every restart. A follower is at the end
+            // most of the time: there the broker holds its fetch until records come (the
+            // default), instead of being asked a hundred times a second.
+            .set("fetch.wait.max.ms", if follow { "500" } else { "10" })
             .set("group.id", "streamapp-restore-unused");
         Ok(Restorer {
             topic: topic.to_string(),
+            follow,
             reader: reader_cfg.create_with_context(ReaderContext)?,
             ends: ChangelogEnds::new(base, topic)?,
             partitions: BTreeMap::new(),
@@ -282,7 +307,15 @@ impl Restorer {
             && Instant::now() < deadline
             && stores.keys().any(|p| reading(p, &at_end, &failed))
         {
-            match self.reader.poll(Duration::from_millis(50)) {
+            // A follower takes what its reader has fetched and does not wait for more: the
+            // state updater waits between its steps, serving requests meanwhile.
+            let wait = if self.follow {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(50)
+            };
+            match self.reader.poll(wait) {
+                None if self.follow => break,
                 None => {}
                 Some(Ok(m)) => {
                     let p = m.partition();
@@ -394,7 +427,6 @@ impl Restorer {
     ) -> Result<(u64, Step), RestoreError> {
         // The reader's position is past the last record and any transaction markers.
         let position = self.position(partition)?;
-        let end = self.ends.end_offset(partition)?;
         let applied = staged.puts.len() as u64;
         if let Some(p) = position {
             staged.changelog_offset = Some(p.max(staged.changelog_offset.unwrap_or(0)));
@@ -402,6 +434,10 @@ impl Restorer {
         if !staged.is_empty() {
             store.apply(&staged)?;
         }
+        if self.follow {
+            return Ok((applied, Step::Following));
+        }
+        let end = self.ends.end_offset(partition)?;
         let caught_up = store.meta().changelog_offset.unwrap_or(0) >= end || end == 0;
         let state = self.partitions.get_mut(&partition).expect("restoring");
         if caught_up {

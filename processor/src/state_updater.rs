@@ -7,9 +7,15 @@
 //! [`StateUpdater::restore`] and gets it back when it is restored, when its restore failed, or
 //! when the engine asks for it ([`StateUpdater::take`]: a revoke, a drain, a quarantine). The
 //! lifecycle stays with the engine; the updater only reads the changelog and applies it.
+//!
+//! It also keeps **standby** stores warm ([`StateUpdater::follow`]): a restore that never ends,
+//! through a reader of its own ([`Restorer::follower`]), applying only committed changelog
+//! records and the changelog position in the same batch (DESIGN.md's invariant 5). Nothing
+//! else writes a followed store. Promoting a standby is taking it back and restoring it: the
+//! ordinary replay of whatever tail it has not applied yet.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
@@ -28,6 +34,10 @@ enum Request {
         partition: i32,
         store: Box<TaskStore>,
     },
+    Follow {
+        partition: i32,
+        store: Box<TaskStore>,
+    },
     Take {
         partition: i32,
         reply: Sender<Option<TaskStore>>,
@@ -36,8 +46,9 @@ enum Request {
 
 /// What the updater tells the engine.
 pub enum Update {
-    /// Restore of the partition began from the store's changelog offset `from`: this many
-    /// records to restore at most.
+    /// Restore of the partition (or following it, for a standby) began from the store's
+    /// changelog offset `from`: this many records to restore at most (to catch up, for a
+    /// standby).
     Began {
         partition: i32,
         from: Option<i64>,
@@ -55,7 +66,7 @@ pub enum Update {
         restored: u64,
         store: TaskStore,
     },
-    /// The restore failed: the store comes back with the reason.
+    /// The restore (or following) failed: the store comes back with the reason.
     Failed {
         partition: i32,
         store: TaskStore,
@@ -79,11 +90,15 @@ pub struct StateUpdater {
 impl StateUpdater {
     pub fn start(client: &ClientConfig, changelog_topic: &str) -> Result<Self, KafkaError> {
         let restorer = Restorer::new(client, changelog_topic)?;
+        let follower = Follower {
+            client: client.clone(),
+            topic: changelog_topic.to_string(),
+        };
         let (requests, request_rx) = mpsc::channel();
         let (update_tx, updates) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("state-updater".into())
-            .spawn(move || Worker::new(restorer, update_tx).run(&request_rx))
+            .spawn(move || Worker::new(restorer, follower, update_tx).run(&request_rx))
             .expect("spawning the state updater");
         Ok(StateUpdater {
             requests: Some(requests),
@@ -101,9 +116,19 @@ impl StateUpdater {
         });
     }
 
-    /// Takes the partition's store back (its restore stops), if it was handed over: from the
-    /// thread, or from an update that carries it and was not handed to the engine yet. No
-    /// later update mentions the partition (until it is handed over again).
+    /// Hands `store` over to be kept warm as a standby: it is caught up and then follows the
+    /// changelog until taken back. Progress comes as [`Update::Progress`]; it is never
+    /// [`Update::Restored`].
+    pub fn follow(&self, partition: i32, store: TaskStore) {
+        self.send(Request::Follow {
+            partition,
+            store: Box::new(store),
+        });
+    }
+
+    /// Takes the partition's store back (its restore, or its following, stops), if it was
+    /// handed over: from the thread, or from an update that carries it and was not handed to
+    /// the engine yet. No later update mentions the partition (until it is handed over again).
     pub fn take(&mut self, partition: i32) -> Option<TaskStore> {
         let (reply, back) = mpsc::channel();
         self.send(Request::Take { partition, reply });
@@ -165,27 +190,67 @@ impl Drop for StateUpdater {
     }
 }
 
-struct Worker {
+/// One reader and the stores it fills.
+struct Reader {
     restorer: Restorer,
-    updates: Sender<Update>,
     stores: BTreeMap<i32, TaskStore>,
 }
 
-impl Worker {
-    fn new(restorer: Restorer, updates: Sender<Update>) -> Self {
-        Worker {
+impl Reader {
+    fn new(restorer: Restorer) -> Self {
+        Reader {
             restorer,
-            updates,
             stores: BTreeMap::new(),
+        }
+    }
+
+    fn busy(&self) -> bool {
+        self.stores.keys().any(|&p| self.restorer.reading(p))
+    }
+
+    fn take(&mut self, partition: i32) -> Option<TaskStore> {
+        self.restorer.stop(partition);
+        self.stores.remove(&partition)
+    }
+}
+
+/// What the standbys' reader is made from: it is created with the first standby (a process
+/// without standbys runs no second reader).
+struct Follower {
+    client: ClientConfig,
+    topic: String,
+}
+
+struct Worker {
+    /// Catches the stores of tasks to be active up, then hands them back.
+    restoring: Reader,
+    /// Keeps standby stores caught up, once there are any.
+    standbys: Option<Reader>,
+    follower: Follower,
+    updates: Sender<Update>,
+}
+
+impl Worker {
+    fn new(restorer: Restorer, follower: Follower, updates: Sender<Update>) -> Self {
+        Worker {
+            restoring: Reader::new(restorer),
+            standbys: None,
+            follower,
+            updates,
         }
     }
 
     fn run(mut self, requests: &Receiver<Request>) {
         loop {
-            // Idle (or only waiting for open transactions): wait for a request a little.
-            let busy = self.stores.keys().any(|&p| self.restorer.reading(p));
+            // Idle, only waiting for open transactions, or only following standbys (whose
+            // steps do not wait for records): wait for a request a little.
+            let busy = self.restoring.busy();
             let first = if busy {
-                requests.try_recv().ok()
+                match requests.try_recv() {
+                    Ok(r) => Some(r),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => return,
+                }
             } else {
                 match requests.recv_timeout(IDLE_WAIT) {
                     Ok(r) => Some(r),
@@ -198,73 +263,119 @@ impl Worker {
                 self.serve(request);
                 next = requests.try_recv().ok();
             }
-            if !self.stores.is_empty() {
-                self.step();
+            if !self.restoring.stores.is_empty() {
+                Self::step(&mut self.restoring, &self.updates);
+            }
+            if let Some(standbys) = self.standbys.as_mut().filter(|r| !r.stores.is_empty()) {
+                Self::step(standbys, &self.updates);
             }
         }
-    }
-
-    fn send(&self, update: Update) {
-        let _ = self.updates.send(update); // the engine is gone: nothing to tell
     }
 
     fn serve(&mut self, request: Request) {
         match request {
             Request::Restore { partition, store } => {
-                let store = *store;
-                // `begin` starts the partition over if it was being restored.
-                match self.restorer.begin(partition, &store) {
-                    Ok(to_restore) => {
-                        self.send(Update::Began {
+                if let Some(standbys) = &mut self.standbys {
+                    standbys.take(partition);
+                }
+                Self::begin(&mut self.restoring, partition, *store, &self.updates);
+            }
+            Request::Follow { partition, store } => {
+                self.restoring.take(partition);
+                match Self::standbys(&mut self.standbys, &self.follower) {
+                    Ok(standbys) => Self::begin(standbys, partition, *store, &self.updates),
+                    Err(source) => {
+                        let _ = self.updates.send(Update::Failed {
                             partition,
-                            from: store.meta().changelog_offset,
-                            to_restore,
+                            store: *store,
+                            error: RestoreError::Kafka {
+                                topic: self.follower.topic.clone(),
+                                partition,
+                                source,
+                            },
                         });
-                        self.stores.insert(partition, store);
                     }
-                    Err(error) => self.send(Update::Failed {
-                        partition,
-                        store,
-                        error,
-                    }),
                 }
             }
             Request::Take { partition, reply } => {
-                self.restorer.stop(partition);
-                let _ = reply.send(self.stores.remove(&partition));
+                let store = self.restoring.take(partition).or_else(|| {
+                    self.standbys
+                        .as_mut()
+                        .and_then(|standbys| standbys.take(partition))
+                });
+                let _ = reply.send(store);
             }
         }
     }
 
-    fn step(&mut self) {
+    /// The standbys' reader, created with the first standby.
+    fn standbys<'r>(
+        standbys: &'r mut Option<Reader>,
+        follower: &Follower,
+    ) -> Result<&'r mut Reader, KafkaError> {
+        if standbys.is_none() {
+            let reader = Restorer::follower(&follower.client, &follower.topic)?;
+            *standbys = Some(Reader::new(reader));
+        }
+        Ok(standbys.as_mut().expect("just created"))
+    }
+
+    /// The engine is gone when a send fails: nothing to tell.
+    fn begin(reader: &mut Reader, partition: i32, store: TaskStore, updates: &Sender<Update>) {
+        // `begin` starts the partition over if it was being read.
+        match reader.restorer.begin(partition, &store) {
+            Ok(to_restore) => {
+                let _ = updates.send(Update::Began {
+                    partition,
+                    from: store.meta().changelog_offset,
+                    to_restore,
+                });
+                reader.stores.insert(partition, store);
+            }
+            Err(error) => {
+                let _ = updates.send(Update::Failed {
+                    partition,
+                    store,
+                    error,
+                });
+            }
+        }
+    }
+
+    fn step(reader: &mut Reader, updates: &Sender<Update>) {
+        let send = |update| {
+            let _ = updates.send(update);
+        };
         let results = {
             let mut stores: BTreeMap<i32, &mut TaskStore> =
-                self.stores.iter_mut().map(|(&p, s)| (p, s)).collect();
-            self.restorer.step(&mut stores, STEP_RECORDS)
+                reader.stores.iter_mut().map(|(&p, s)| (p, s)).collect();
+            reader.restorer.step(&mut stores, STEP_RECORDS)
         };
         let results = match results {
             Ok(r) => r,
             Err(error) => {
-                self.restorer.stop_all();
-                let stores = std::mem::take(&mut self.stores).into_iter().collect();
-                self.send(Update::ReaderFailed { error, stores });
+                reader.restorer.stop_all();
+                let stores = std::mem::take(&mut reader.stores).into_iter().collect();
+                send(Update::ReaderFailed { error, stores });
                 return;
             }
         };
         for (partition, result) in results {
             match result {
                 Ok((restored, Step::Done)) => {
-                    let store = self.stores.remove(&partition).expect("restoring");
-                    self.send(Update::Restored {
+                    let store = reader.stores.remove(&partition).expect("restoring");
+                    send(Update::Restored {
                         partition,
                         restored,
                         store,
                     });
                 }
-                Ok((n, _)) => {
-                    if n > 0 {
-                        let changelog_offset = self.stores[&partition].meta().changelog_offset;
-                        self.send(Update::Progress {
+                Ok((n, step)) => {
+                    // A follower at the end reports its offset even when it read no record
+                    // (it moved past a transaction's marker).
+                    if n > 0 || step == Step::Following {
+                        let changelog_offset = reader.stores[&partition].meta().changelog_offset;
+                        send(Update::Progress {
                             partition,
                             restored: n,
                             changelog_offset,
@@ -272,8 +383,8 @@ impl Worker {
                     }
                 }
                 Err(error) => {
-                    let store = self.stores.remove(&partition).expect("restoring");
-                    self.send(Update::Failed {
+                    let store = reader.stores.remove(&partition).expect("restoring");
+                    send(Update::Failed {
                         partition,
                         store,
                         error,

@@ -3,7 +3,8 @@
 //! assigns active, standby and warm-up tasks from the stores each member reports, and the
 //! group's moves follow the state: a member that leaves hands its tasks to their standby
 //! holders, a static member back within the session timeout keeps its tasks, a new member
-//! warms up before a task moves to it.
+//! warms up before a task moves to it. And the fence that exactly-once rests on through every
+//! move (KIP-447): a transaction's offsets with a stale generation are refused.
 //!
 //! Each pod here reports what an engine would: the tasks it was active for, and once the test
 //! says it holds state, a store at the changelog end for each task it is active or standby for
@@ -15,20 +16,31 @@ use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::Producer;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+use streamapp_processor::group::txn_offsets::{GroupGeneration, send_offsets_to_transaction};
 use streamapp_processor::group::{
     Generation, GroupConfig, GroupEvent, Membership, Report, SharedState,
 };
+use testbed::kafka;
 
 const TASKS: i32 = 6;
+/// Partitions of the route stage's topic.
+const ROUTES: i32 = 5;
 /// Every task's changelog end in these tests.
 const END: i64 = 1_000;
 
 fn config(group: &str, pod: &str) -> GroupConfig {
     GroupConfig {
-        bootstrap: vec![testbed::kafka::bootstrap()],
+        bootstrap: vec![kafka::bootstrap()],
         group_id: group.to_string(),
         instance_id: pod.to_string(),
         topic: format!("{group}-in"),
+        tasks: TASKS,
+        // As for a repartitioning topology: the input's partitions are route tasks.
+        routes: Some((format!("{group}-raw"), ROUTES)),
         session_timeout: Duration::from_secs(10),
         rebalance_timeout: Duration::from_secs(10),
         heartbeat_interval: Duration::from_millis(300),
@@ -101,7 +113,7 @@ impl Pod {
             any = true;
             match event {
                 GroupEvent::Assigned(g) => self.latest = Some(g),
-                GroupEvent::Rebalancing => {}
+                GroupEvent::Rebalancing(_) => {}
                 GroupEvent::Failed(why) => panic!("{}: the membership failed: {why}", self.name),
             }
         }
@@ -171,8 +183,18 @@ fn settle(pods: &mut [&mut Pod], timeout: Duration) {
     }
 }
 
-/// Every task active exactly once, and its standbys on other members.
+/// Every task active exactly once, its standbys on other members, every route task once.
 fn assert_covered(pods: &[&Pod]) -> BTreeMap<i32, String> {
+    let mut routes: Vec<i32> = pods
+        .iter()
+        .flat_map(|p| p.share().share.routes.clone())
+        .collect();
+    routes.sort_unstable();
+    assert_eq!(
+        routes,
+        (0..ROUTES).collect::<Vec<_>>(),
+        "every route task once"
+    );
     let mut active_on = BTreeMap::new();
     for pod in pods {
         for &t in &pod.share().share.active {
@@ -216,6 +238,8 @@ fn standby_holders(pods: &[&Pod]) -> BTreeMap<i32, Vec<String>> {
 }
 
 const SETTLE: Duration = Duration::from_secs(60);
+/// Each transactional call.
+const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Two pods without state, settled into one generation that covers every task.
 fn two_pods(group: &str) -> (Pod, Pod) {
@@ -341,4 +365,124 @@ fn a_new_member_warms_up_first_and_takes_its_tasks_after_a_probing_rebalance() {
     assert_covered(&[&a, &b, &c]);
     assert_eq!(c.share().share.active, warming);
     assert!(c.share().share.warm_up.is_empty(), "{:?}", c.share());
+}
+
+/// The committed offset of the group's `topic` partition 0, if any.
+fn committed(group: &str, topic: &str) -> Option<i64> {
+    kafka::committed_offsets(group, topic)[0]
+}
+
+#[test]
+fn offsets_of_a_stale_generation_are_refused_and_the_current_one_commits() {
+    let group = group_name("fence");
+    let topic = format!("{group}-in");
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(kafka::create_topic(&topic, 1));
+    let mut a = Pod::new(&group, "pod-a");
+    settle(&mut [&mut a], SETTLE);
+    let generation_of = |pod: &Pod| GroupGeneration {
+        group_id: group.clone(),
+        generation_id: pod.share().generation_id,
+        member_id: pod.share().member_id.clone(),
+        instance_id: Some(pod.name.clone()),
+    };
+    let first = generation_of(&a);
+    let offsets = |offset: i64| {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&topic, 0, Offset::Offset(offset))
+            .unwrap();
+        tpl
+    };
+    let producer = kafka::transactional_producer(&format!("{group}-txn"));
+    producer.begin_transaction().unwrap();
+    send_offsets_to_transaction(&producer, &offsets(5), &first, TIMEOUT).unwrap();
+    producer.commit_transaction(TIMEOUT).unwrap();
+    assert_eq!(committed(&group, &topic), Some(5));
+
+    // pod-b joins: a new generation. What pod-a's zombie would send with the old one is
+    // refused, and the transaction must be aborted; nothing of it is committed.
+    let mut b = Pod::new(&group, "pod-b");
+    settle(&mut [&mut a, &mut b], SETTLE);
+    let second = generation_of(&a);
+    assert!(second.generation_id > first.generation_id, "{second:?}");
+    producer.begin_transaction().unwrap();
+    let refused = send_offsets_to_transaction(&producer, &offsets(9), &first, TIMEOUT)
+        .expect_err("offsets of a stale generation are refused");
+    assert_eq!(
+        refused.facts.code,
+        Some(RDKafkaErrorCode::IllegalGeneration),
+        "{refused}"
+    );
+    assert!(refused.requires_abort, "{refused:?}");
+    producer.abort_transaction(TIMEOUT).unwrap();
+    assert_eq!(committed(&group, &topic), Some(5));
+
+    // The current generation commits.
+    producer.begin_transaction().unwrap();
+    send_offsets_to_transaction(&producer, &offsets(9), &second, TIMEOUT).unwrap();
+    producer.commit_transaction(TIMEOUT).unwrap();
+    assert_eq!(committed(&group, &topic), Some(9));
+}
+
+#[test]
+fn with_a_plain_consumer_in_the_group_everyone_agrees_on_range() {
+    // A rollout that turns standbys on: pods of the old template join through librdkafka with
+    // the range assignor only, pods of the new one with the state-aware assignor and range.
+    let group = group_name("mixed");
+    let (tasks_topic, routes_topic) = (format!("{group}-in"), format!("{group}-raw"));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(kafka::create_topic(&tasks_topic, TASKS));
+    runtime.block_on(kafka::create_topic(&routes_topic, ROUTES));
+    let plain: BaseConsumer = kafka::client_config()
+        .set("group.id", &group)
+        .set("group.instance.id", "plain-pod")
+        .set("partition.assignment.strategy", "range")
+        .set("session.timeout.ms", "10000")
+        .create()
+        .unwrap();
+    plain.subscribe(&[&tasks_topic, &routes_topic]).unwrap();
+    let mut ours = Pod::new(&group, "pod-a");
+
+    let deadline = Instant::now() + SETTLE;
+    let (active, routes) = loop {
+        let _ = plain.poll(Duration::from_millis(100));
+        ours.drain();
+        let theirs = plain.assignment().unwrap();
+        let of = |topic: &str| -> BTreeSet<i32> {
+            theirs
+                .elements_for_topic(topic)
+                .iter()
+                .map(|e| e.partition())
+                .collect()
+        };
+        if let Some(g) = &ours.latest
+            && !theirs.elements().is_empty()
+        {
+            let share = &g.share;
+            let active: BTreeSet<i32> = share.active.union(&of(&tasks_topic)).copied().collect();
+            let routes: BTreeSet<i32> = share.routes.union(&of(&routes_topic)).copied().collect();
+            let disjoint = share.active.is_disjoint(&of(&tasks_topic))
+                && share.routes.is_disjoint(&of(&routes_topic));
+            if disjoint && active.len() == TASKS as usize && routes.len() == ROUTES as usize {
+                assert!(
+                    share.standby.is_empty() && share.warm_up.is_empty(),
+                    "range has no standbys: {share:?}"
+                );
+                assert!(
+                    !share.active.is_empty(),
+                    "a share for each member: {share:?}"
+                );
+                break (active, routes);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the mixed group did not settle on one assignment: ours {:?}, theirs {:?}",
+            ours.latest,
+            theirs
+        );
+    };
+    assert_eq!(active, (0..TASKS).collect::<BTreeSet<_>>());
+    assert_eq!(routes, (0..ROUTES).collect::<BTreeSet<_>>());
 }

@@ -1,11 +1,14 @@
 //! Group membership: the consumer, its rebalance callbacks, and the consumer's local
 //! assignment (only active tasks are consumed from).
 //!
-//! Rebalances are eager (classic protocol, range assignor; the configuration refuses the
-//! incremental ones): a revoke takes every partition, the assignment that follows gives the
-//! new set. The callbacks only finish the open transaction and feed lifecycle events; opening
-//! and restoring stores happens in the loop.
+//! Rebalances are eager (classic protocol; the configuration refuses the incremental ones): a
+//! revoke takes every partition, the assignment that follows gives the new set. Without
+//! standbys the group is librdkafka's (range assignor, static membership) and its callbacks
+//! feed the engine; with standbys it is the processor's own ([`super::state_aware_group`]),
+//! whose generations feed the same two steps. Either way the steps only finish the open
+//! transaction and feed lifecycle events; opening and restoring stores happens in the loop.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,7 +44,8 @@ impl ConsumerContext for GroupContext {
                     .iter()
                     .map(|e| (e.topic().to_string(), e.partition()))
                     .collect();
-                engine.on_assigned(consumer, &assigned);
+                let share = engine.share_of(&assigned);
+                engine.on_assigned(consumer, share);
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let lost = consumer.assignment_lost();
@@ -64,9 +68,13 @@ pub(super) fn new_consumer(
     let mut client = cfg.client.clone();
     // Bounded buffers: the operator's memory budget counts on them.
     default_property(&mut client, "queued.max.messages.kbytes", "16384");
+    // With our own membership this consumer never joins the group (it is only assigned
+    // partitions); the group id is for fetching the committed offsets.
+    if cfg.group.standby_replicas == 0 {
+        client.set("group.instance.id", &cfg.pod);
+    }
     client
         .set("group.id", &cfg.application_id)
-        .set("group.instance.id", &cfg.pod)
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -76,10 +84,22 @@ pub(super) fn new_consumer(
         .map_err(|e: KafkaError| EngineError::Fatal(format!("creating the consumer: {e}")))
 }
 
+/// What this process is given in one generation of the group.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Share {
+    /// Dedup tasks to process.
+    pub active: Vec<i32>,
+    /// Dedup tasks to keep a warm copy of (standbys): `true` for a warm-up, a move here in
+    /// progress.
+    pub standby: BTreeMap<i32, bool>,
+    /// Route tasks (input partitions of a repartitioning topology).
+    pub routes: Vec<i32>,
+}
+
 impl Engine {
-    /// The group's new assignment (topic, partition): the dedup topic's partitions are the
-    /// dedup tasks, the input's (when repartitioning) the route tasks.
-    pub(super) fn on_assigned(&mut self, consumer: &GroupConsumer, assigned: &[(String, i32)]) {
+    /// librdkafka's assignment (topic, partition) as a share: the dedup topic's partitions are
+    /// the dedup tasks, the input's (when repartitioning) the route tasks; no standbys.
+    pub(super) fn share_of(&self, assigned: &[(String, i32)]) -> Share {
         let of = |topic: &str| -> Vec<i32> {
             assigned
                 .iter()
@@ -87,30 +107,45 @@ impl Engine {
                 .map(|(_, p)| *p)
                 .collect()
         };
-        let partitions = of(self.cfg.dedup_input());
-        let routes = match self.cfg.repartition_topic {
-            Some(_) => of(&self.cfg.input_topic),
-            None => Vec::new(),
-        };
-        info!(?partitions, ?routes, "partitions assigned");
+        Share {
+            active: of(self.cfg.dedup_input()),
+            standby: BTreeMap::new(),
+            routes: match self.cfg.repartition_topic {
+                Some(_) => of(&self.cfg.input_topic),
+                None => Vec::new(),
+            },
+        }
+    }
+
+    /// The group's new assignment, after the revoke of the last one.
+    pub(super) fn on_assigned(&mut self, consumer: &GroupConsumer, share: Share) {
+        info!(active = ?share.active, standby = ?share.standby, routes = ?share.routes, "tasks assigned");
         self.assigned = true;
-        self.routes = routes.iter().map(|&p| (p, RouteTask::default())).collect();
-        let partitions = partitions.as_slice();
-        // Stores of revoked tasks that did not come back are closed now (with a checkpoint).
+        self.routes = share
+            .routes
+            .iter()
+            .map(|&p| (p, RouteTask::default()))
+            .collect();
+        // Stores of revoked tasks that did not come back, and standbys no longer kept here, are
+        // closed now (with a checkpoint).
         let gone: Vec<i32> = self
             .tasks
             .keys()
             .copied()
-            .filter(|p| !partitions.contains(p))
+            .filter(|p| !share.active.contains(p) && !share.standby.contains_key(p))
             .collect();
         for p in gone {
             self.on_task_event(p, Event::NotReassigned);
             self.tasks.remove(&p);
             self.attempts.forget_partition(p);
         }
-        for &p in partitions {
+        for &p in &share.active {
             self.tasks.entry(p).or_insert_with(|| Task::new(p));
             self.on_task_event(p, Event::Assigned);
+        }
+        for (&p, &warm_up) in &share.standby {
+            self.tasks.entry(p).or_insert_with(|| Task::new(p));
+            self.on_task_event(p, Event::AssignedStandby { warm_up });
         }
         // Only active tasks are consumed from; the new ones join once restored.
         self.reassign(consumer);

@@ -21,7 +21,10 @@
 //! transaction carries both stages' offsets and records.
 //!
 //! The work is split by concern:
-//! - [`membership`]: the rebalance callbacks;
+//! - [`membership`]: the rebalance callbacks, and the revoke and assignment steps both
+//!   memberships feed;
+//! - [`state_aware_group`]: the processor's own membership with standbys (ADR 0001), used
+//!   when `group.standbyReplicas` is 1 or more;
 //! - [`tasks`]: carrying out the lifecycle's commands (open, restore through the
 //!   [`crate::state_updater`] thread, activate, back off, quarantine, checkpoints);
 //! - [`processing`]: one record of the dedup stage inside the open transaction, dead letters;
@@ -34,6 +37,7 @@ mod delivery;
 mod membership;
 mod processing;
 mod routing;
+mod state_aware_group;
 mod tasks;
 mod transaction;
 mod verification;
@@ -46,7 +50,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::BaseProducer;
-use streamapp_api::config::{DedupId, ResolvedRocksDb};
+use streamapp_api::config::{DedupId, GroupTiming, ResolvedRocksDb};
 use streamapp_api::health::{
     DeadLetterNote, ProcessorPhase, Quarantine, StoreUnavailable, TaskHealth,
 };
@@ -133,6 +137,19 @@ pub struct EngineConfig {
     pub rocksdb: ResolvedRocksDb,
     /// Client properties shared by consumer and producer (bootstrap, security, user extras).
     pub client: ClientConfig,
+    /// How the processes share the tasks.
+    pub group: GroupSetup,
+}
+
+/// Standbys and the state-aware membership (see [`streamapp_api::config::GroupSettings`]).
+#[derive(Clone, Debug)]
+pub struct GroupSetup {
+    /// 0: librdkafka's membership, no standbys; more: the processor's own membership.
+    pub standby_replicas: u32,
+    pub acceptable_recovery_lag: u64,
+    pub timing: GroupTiming,
+    /// The Kubernetes node this pod runs on (standbys go to other nodes first).
+    pub node: Option<String>,
 }
 
 impl EngineConfig {
@@ -210,6 +227,23 @@ impl Task {
     fn active(&self) -> bool {
         self.lifecycle.phase == Phase::Active
     }
+}
+
+/// The changelog offsets of the stores on the volume that were closed cleanly (their
+/// checkpoints say), for the first report to the group.
+fn stores_on_disk(engine: &Engine) -> BTreeMap<i32, i64> {
+    let state = &engine.shared.state_dir;
+    state
+        .task_partitions()
+        .into_iter()
+        .filter_map(|p| {
+            let entries = crate::checkpoint::read(&state.checkpoint_file(p)).ok()??;
+            let entry = entries
+                .iter()
+                .find(|e| e.topic == engine.cfg.changelog_topic && e.partition == p)?;
+            Some((p, entry.offset))
+        })
+        .collect()
 }
 
 /// A task of the route stage: one input partition whose records go to the repartition topic.
@@ -291,6 +325,9 @@ pub struct Engine {
     paused_until: Option<Instant>,
     /// Consecutive aborts on transient produce failures (the pause doubles with each).
     transient_aborts: u32,
+    /// The processor's own group membership, when standbys are configured; `None`: the
+    /// consumer's (librdkafka's) membership.
+    own_group: Option<state_aware_group::StateAwareGroup>,
 }
 
 impl Engine {
@@ -347,13 +384,24 @@ impl Engine {
             reassign_needed: false,
             paused_until: None,
             transient_aborts: 0,
+            own_group: None,
         }));
         let consumer = membership::new_consumer(&cfg, engine.clone())?;
-        let mut topics = vec![cfg.input_topic.as_str()];
-        topics.extend(cfg.repartition_topic.as_deref());
-        consumer
-            .subscribe(&topics)
-            .map_err(|e| fatal("subscribing", e))?;
+        if cfg.group.standby_replicas > 0 {
+            // Our own membership assigns the consumer its partitions; it never subscribes.
+            let group = state_aware_group::StateAwareGroup::start(
+                &cfg,
+                &cfg.client,
+                stores_on_disk(&engine.lock().unwrap()),
+            )?;
+            engine.lock().unwrap().own_group = Some(group);
+        } else {
+            let mut topics = vec![cfg.input_topic.as_str()];
+            topics.extend(cfg.repartition_topic.as_deref());
+            consumer
+                .subscribe(&topics)
+                .map_err(|e| fatal("subscribing", e))?;
+        }
         Ok((engine, consumer))
     }
 
@@ -364,6 +412,7 @@ impl Engine {
         if let Some(e) = self.pending_error.take() {
             return Err(e);
         }
+        self.take_group_events(consumer)?;
         self.producer.poll(Duration::ZERO);
         self.end_backoffs();
         self.open_next();
@@ -480,6 +529,15 @@ impl Engine {
                 task.health.wal = crate::state_dir::wal_files(store.wal_dir());
                 task.health.store_changelog_offset = store.meta().changelog_offset;
             }
+            if task.is(&Phase::Standby) {
+                // Its store is with the state updater: the offset comes from its reports.
+                let lag = task
+                    .health
+                    .changelog_end_offset
+                    .zip(task.health.store_changelog_offset)
+                    .map_or(0, |(end, at)| (end - at).max(0));
+                self.metrics.standby_lag.get_or_create(&label).set(lag);
+            }
             self.metrics
                 .store_keys
                 .get_or_create(&label)
@@ -513,6 +571,7 @@ impl Engine {
         }
         self.metrics.assigned_tasks.set(reports.len() as i64);
         self.shared.update(force, |h| h.tasks = reports);
+        self.report_to_group();
     }
 
     /// Readiness from the tasks (see [`crate::probes::readiness`]).
@@ -542,12 +601,16 @@ impl Engine {
     /// per task: done on a slow timer by the loop).
     pub fn refresh_changelog_ends(&mut self) {
         for task in self.tasks.values_mut() {
-            let Some(store) = &task.store else { continue };
+            // A standby's store is with the state updater, which reports its offset.
+            let offset = match &task.store {
+                Some(store) => store.meta().changelog_offset,
+                None if task.is(&Phase::Standby) => task.health.store_changelog_offset,
+                None => continue,
+            };
             if let Ok(end) = self.changelog_ends.end_offset(task.partition) {
                 // Right after our own commit the log ends with its marker, which holds no
                 // data: the store is caught up, not one record behind.
-                let caught_up =
-                    task.at_commit_marker && store.meta().changelog_offset == Some(end - 1);
+                let caught_up = task.at_commit_marker && offset == Some(end - 1);
                 task.health.changelog_end_offset = Some(if caught_up { end - 1 } else { end });
             }
         }

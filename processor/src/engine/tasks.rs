@@ -76,6 +76,7 @@ impl Engine {
         if matches!(
             command,
             Command::BeginRestore
+                | Command::FollowChangelog
                 | Command::FlushStore
                 | Command::CloseStore
                 | Command::ReleaseStore
@@ -93,6 +94,14 @@ impl Engine {
             Command::BeginRestore => {
                 task.health.restore = None;
                 task.restore_started = None;
+            }
+            // Standbys follow on the state updater until a command takes the store back.
+            Command::FollowChangelog => {
+                task.health.restore = None;
+                if let Some(store) = task.store.take() {
+                    self.updater.follow(p, store);
+                    self.in_updater.insert(p);
+                }
             }
             Command::FlushStore => {
                 if let Some(store) = &mut task.store {
@@ -276,7 +285,12 @@ impl Engine {
             self.updater.restore(p, store);
             self.in_updater.insert(p);
         }
-        if !self.in_updater.is_empty() && self.shared.phase() != ProcessorPhase::Restoring {
+        // Standbys stay with the updater for good: only restores make the process Restoring.
+        let restoring = self
+            .in_updater
+            .iter()
+            .any(|p| self.tasks.get(p).is_some_and(|t| !t.is(&Phase::Standby)));
+        if restoring && self.shared.phase() != ProcessorPhase::Restoring {
             self.shared.set_phase(ProcessorPhase::Restoring);
         }
         let mut changed = false;
@@ -289,6 +303,11 @@ impl Engine {
                     from,
                     to_restore,
                 } => {
+                    if let Some(task) = self.tasks.get_mut(&p).filter(|t| t.is(&Phase::Standby)) {
+                        info!(partition = p, from = ?from, behind = to_restore, "standby follows the changelog");
+                        task.health.store_changelog_offset = from;
+                        continue;
+                    }
                     info!(partition = p, from = ?from, to_restore, "restoring store from the changelog");
                     if let Some(task) = self.tasks.get_mut(&p) {
                         task.health.restore = Some(RestoreProgress {
@@ -303,7 +322,14 @@ impl Engine {
                     partition: p,
                     restored,
                     changelog_offset,
-                } => self.on_restored(p, restored, changelog_offset, false),
+                } => match self.tasks.get_mut(&p) {
+                    // What a standby applies is not a restore (the restore metrics count what
+                    // a task waited for).
+                    Some(task) if task.is(&Phase::Standby) => {
+                        task.health.store_changelog_offset = changelog_offset;
+                    }
+                    _ => self.on_restored(p, restored, changelog_offset, false),
+                },
                 Update::Restored {
                     partition: p,
                     restored,

@@ -20,6 +20,7 @@ use super::{
     DEFAULT_TRANSACTION_TIMEOUT, Engine, EngineConfig, EngineError, GroupConsumer,
     TXN_CALL_TIMEOUT, TXN_DEADLINE, default_property,
 };
+use crate::group::txn_offsets::{GroupGeneration, send_offsets_to_transaction};
 use crate::kafka_errors::{TxnErrorFacts, TxnFailure, classify_txn, is_retriable};
 use crate::lifecycle::Event;
 use crate::shared::Shared;
@@ -74,6 +75,35 @@ fn retry_txn(
                 debug!(error = %e, "retriable transactional error; retrying");
             }
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// What fences the transaction's offsets.
+enum OffsetsFence {
+    /// librdkafka's group membership: its metadata.
+    Consumer(rdkafka::consumer::ConsumerGroupMetadata),
+    /// The processor's own membership: the member id and generation of its current share.
+    Generation(GroupGeneration),
+}
+
+/// Sends the offsets with our own membership's generation, retrying what librdkafka calls
+/// retriable (as [`retry_txn`] does). A stale generation is refused: an abortable error.
+fn send_offsets_with_generation<C: rdkafka::producer::ProducerContext>(
+    shared: &Shared,
+    producer: &BaseProducer<C>,
+    positions: &TopicPartitionList,
+    generation: &GroupGeneration,
+) -> Result<(), TxnErrorFacts> {
+    let deadline = Instant::now() + TXN_DEADLINE;
+    loop {
+        shared.beat();
+        match send_offsets_to_transaction(producer, positions, generation, TXN_CALL_TIMEOUT) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.retriable && Instant::now() < deadline => {
+                debug!(error = %e, "retriable error sending the offsets; retrying");
+            }
+            Err(e) => return Err(e.facts),
         }
     }
 }
@@ -134,7 +164,13 @@ impl Engine {
                     .expect("valid");
             }
         }
-        let Some(group) = consumer.group_metadata() else {
+        // The offsets go with the group's metadata, which fences a zombie of an older
+        // generation (KIP-447): librdkafka's, or the generation of our own membership.
+        let fence = match &self.own_group {
+            Some(group) => group.generation().cloned().map(OffsetsFence::Generation),
+            None => consumer.group_metadata().map(OffsetsFence::Consumer),
+        };
+        let Some(fence) = fence else {
             self.abort(consumer, "no consumer group metadata");
             return Ok(());
         };
@@ -145,23 +181,30 @@ impl Engine {
             return self.on_produce_errors(consumer, failures);
         }
         let shared = self.shared.clone();
-        let sent = retry_txn(&shared, || {
-            self.producer
-                .send_offsets_to_transaction(&positions, &group, TXN_CALL_TIMEOUT)
-        });
+        let sent = match &fence {
+            OffsetsFence::Consumer(group) => retry_txn(&shared, || {
+                self.producer
+                    .send_offsets_to_transaction(&positions, group, TXN_CALL_TIMEOUT)
+            })
+            .map_err(|e| TxnErrorFacts::of(&e)),
+            OffsetsFence::Generation(generation) => {
+                send_offsets_with_generation(&shared, &self.producer, &positions, generation)
+            }
+        };
         let offsets_sent = commit_start.elapsed();
         let committed = sent.and_then(|()| {
             retry_txn(&shared, || {
                 self.producer.commit_transaction(TXN_CALL_TIMEOUT)
             })
+            .map_err(|e| TxnErrorFacts::of(&e))
         });
-        if let Err(e) = committed {
+        if let Err(facts) = committed {
             // A record Kafka refused dooms the transaction: charge it to that record.
             let failures = self.producer.context().take_failures();
             if !failures.is_empty() {
                 return self.on_produce_errors(consumer, failures);
             }
-            return self.on_txn_failure(consumer, "commit", &e, started.elapsed());
+            return self.on_txn_failure(consumer, "commit", &facts, started.elapsed());
         }
         let ended = commit_start.elapsed();
         let txn = self.txn.take().expect("open");
@@ -257,14 +300,10 @@ impl Engine {
         &mut self,
         consumer: &GroupConsumer,
         what: &str,
-        e: &KafkaError,
+        facts: &TxnErrorFacts,
         txn_age: Duration,
     ) -> Result<(), EngineError> {
-        match classify_txn(
-            &TxnErrorFacts::of(e),
-            Some(txn_age),
-            self.cfg.transaction_timeout(),
-        ) {
+        match classify_txn(facts, Some(txn_age), self.cfg.transaction_timeout()) {
             TxnFailure::Abortable(why) => {
                 self.abort(consumer, &why);
                 Ok(())

@@ -20,6 +20,10 @@ use crate::assignment::MemberAssignment;
 
 /// The assignor this format belongs to.
 pub const ASSIGNOR: &str = "streamapp-v1";
+/// Kafka's range assignor, which members also offer: the one plain consumers (librdkafka's
+/// membership, used without standbys) run, so both kinds of members can share a group during
+/// a rollout. Its subscription is the same message (plain consumers ignore the user data).
+pub const RANGE: &str = "range";
 /// The consumer protocol version of the messages written (1 adds owned partitions).
 const CONSUMER_PROTOCOL_VERSION: i16 = 1;
 
@@ -74,10 +78,27 @@ fn topic_name(topic: &str) -> TopicName {
     TopicName(StrBytes::from_string(topic.to_string()))
 }
 
-/// The subscription metadata of a member reading `topic` with `report`.
-pub fn subscription(topic: &str, report: &Report) -> Bytes {
+/// The topics a member reads: the tasks' topic, and the route stage's when there is one.
+#[derive(Clone, Copy, Debug)]
+pub struct Topics<'a> {
+    pub tasks: &'a str,
+    pub routes: Option<&'a str>,
+}
+
+impl Topics<'_> {
+    fn names(&self) -> Vec<StrBytes> {
+        std::iter::once(self.tasks)
+            .chain(self.routes)
+            .map(|t| StrBytes::from_string(t.to_string()))
+            .collect()
+    }
+}
+
+/// The subscription metadata of a member reading `topics` with `report`.
+pub fn subscription(topics: Topics<'_>, report: &Report) -> Bytes {
+    let topic = topics.tasks;
     let message = ConsumerProtocolSubscription::default()
-        .with_topics(vec![StrBytes::from_string(topic.to_string())])
+        .with_topics(topics.names())
         .with_user_data(Some(Bytes::from(
             serde_json::to_vec(report).expect("a report serialises"),
         )))
@@ -102,19 +123,28 @@ pub fn read_subscription(bytes: Bytes) -> Result<Report, CodecError> {
     serde_json::from_slice(&user_data).map_err(|e| error("subscription user data", e))
 }
 
-/// The assignment bytes of one member's share: its active tasks as partitions of `topic`,
-/// standbys and warm-ups in the user data.
-pub fn assignment(topic: &str, share: &MemberAssignment) -> Bytes {
+/// The assignment bytes of one member's share: its active tasks as partitions of the tasks'
+/// topic and its route tasks as partitions of the route stage's, standbys and warm-ups in the
+/// user data.
+pub fn assignment(topics: Topics<'_>, share: &MemberAssignment) -> Bytes {
     let standbys = Standbys {
         standby: share.standby.clone(),
         warm_up: share.warm_up.clone(),
     };
-    let message = ConsumerProtocolAssignment::default()
-        .with_assigned_partitions(vec![
+    let mut assigned = vec![
+        AssignedPartitions::default()
+            .with_topic(topic_name(topics.tasks))
+            .with_partitions(share.active.iter().copied().collect()),
+    ];
+    if let Some(routes) = topics.routes {
+        assigned.push(
             AssignedPartitions::default()
-                .with_topic(topic_name(topic))
-                .with_partitions(share.active.iter().copied().collect()),
-        ])
+                .with_topic(topic_name(routes))
+                .with_partitions(share.routes.iter().copied().collect()),
+        );
+    }
+    let message = ConsumerProtocolAssignment::default()
+        .with_assigned_partitions(assigned)
         .with_user_data(Some(Bytes::from(
             serde_json::to_vec(&standbys).expect("standbys serialise"),
         )));
@@ -125,7 +155,15 @@ pub fn assignment(topic: &str, share: &MemberAssignment) -> Bytes {
 
 /// The share inside assignment bytes (empty bytes: no share, as the coordinator hands out to
 /// a member the leader left out).
-pub fn read_assignment(topic: &str, bytes: Bytes) -> Result<MemberAssignment, CodecError> {
+///
+/// Under [`RANGE`] the user data is not ours (a plain consumer leading hands each member
+/// whatever it likes there, librdkafka the member's own subscription user data): only the
+/// partitions count.
+pub fn read_assignment(
+    topics: Topics<'_>,
+    protocol: &str,
+    bytes: Bytes,
+) -> Result<MemberAssignment, CodecError> {
     if bytes.is_empty() {
         return Ok(MemberAssignment::default());
     }
@@ -134,18 +172,19 @@ pub fn read_assignment(topic: &str, bytes: Bytes) -> Result<MemberAssignment, Co
         .map_err(|e| error("assignment", e))?;
     let mut share = MemberAssignment::default();
     for assigned in message.assigned_partitions {
-        if assigned.topic.0.as_str() != topic {
+        let topic = assigned.topic.0.as_str();
+        if topic == topics.tasks {
+            share.active.extend(assigned.partitions);
+        } else if Some(topic) == topics.routes {
+            share.routes.extend(assigned.partitions);
+        } else {
             return Err(error(
                 "assignment",
-                format!(
-                    "partitions of topic {} instead of {topic}",
-                    assigned.topic.0.as_str()
-                ),
+                format!("partitions of topic {topic}, which this member does not read"),
             ));
         }
-        share.active.extend(assigned.partitions);
     }
-    if let Some(user_data) = message.user_data {
+    if let Some(user_data) = message.user_data.filter(|_| protocol == ASSIGNOR) {
         let standbys: Standbys =
             serde_json::from_slice(&user_data).map_err(|e| error("assignment user data", e))?;
         share.standby = standbys.standby;
@@ -165,21 +204,26 @@ mod tests {
             stores: BTreeMap::from([(0, 120), (3, 7)]),
             active: BTreeSet::from([0]),
         };
+        let topics = Topics {
+            tasks: "repartition",
+            routes: Some("in"),
+        };
         assert_eq!(
-            read_subscription(subscription("in", &report)).unwrap(),
+            read_subscription(subscription(topics, &report)).unwrap(),
             report
         );
         let share = MemberAssignment {
             active: BTreeSet::from([0, 2]),
             standby: BTreeSet::from([1]),
             warm_up: BTreeSet::from([3]),
+            routes: BTreeSet::from([1, 4]),
         };
         assert_eq!(
-            read_assignment("in", assignment("in", &share)).unwrap(),
+            read_assignment(topics, ASSIGNOR, assignment(topics, &share)).unwrap(),
             share
         );
         assert_eq!(
-            read_assignment("in", Bytes::new()).unwrap(),
+            read_assignment(topics, ASSIGNOR, Bytes::new()).unwrap(),
             MemberAssignment::default()
         );
     }
@@ -190,7 +234,27 @@ mod tests {
             active: BTreeSet::from([1]),
             ..Default::default()
         };
-        assert!(read_assignment("other", assignment("in", &share)).is_err());
+        let only = |tasks| Topics {
+            tasks,
+            routes: None,
+        };
+        assert!(read_assignment(only("other"), ASSIGNOR, assignment(only("in"), &share)).is_err());
+        // Under range, user data that is not ours is no error (what librdkafka leading sends).
+        let with_report = versioned(1, |buf| {
+            ConsumerProtocolAssignment::default()
+                .with_assigned_partitions(vec![
+                    AssignedPartitions::default()
+                        .with_topic(topic_name("in"))
+                        .with_partitions(vec![1]),
+                ])
+                .with_user_data(Some(Bytes::from_static(br#"{"node":null}"#)))
+                .encode(buf, 1)
+        });
+        assert_eq!(
+            read_assignment(only("in"), RANGE, with_report.clone()).unwrap(),
+            share
+        );
+        assert!(read_assignment(only("in"), ASSIGNOR, with_report).is_err());
         // What a plain consumer (librdkafka's range assignor) sends: no user data.
         let plain = versioned(0, |buf| {
             ConsumerProtocolSubscription::default()

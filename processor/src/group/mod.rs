@@ -8,14 +8,17 @@
 //! arrives as a [`GroupEvent`]; the member id and generation are what a transaction's offsets
 //! carry for zombie fencing (KIP-447).
 //!
-//! What is built: the membership and its tests against the broker. What is not: the engine
-//! still consumes through librdkafka's own group membership; wiring this in (librdkafka
-//! `assign()`, the group metadata with the generation in each transaction, standby tasks in
-//! the state updater) is the next step of the ADR.
+//! What is built: the membership, the transaction's offsets with its generation
+//! ([`txn_offsets`]) and their tests against the broker; the state updater keeps standby
+//! stores warm ([`crate::state_updater::StateUpdater::follow`]). What is not: the engine still
+//! consumes through librdkafka's own group membership; wiring this in (librdkafka `assign()`
+//! driven by the [`GroupEvent`]s, the route stage's partitions, standby tasks in the engine) is
+//! the next step of the ADR.
 //!
 //! What to do after a failed request is decided by [`after_error`], a pure function.
 
 mod codec;
+pub mod txn_offsets;
 mod wire;
 
 use std::collections::BTreeMap;
@@ -37,7 +40,7 @@ use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, info, warn};
 
 use crate::assignment::{self, Facts, MemberAssignment};
-pub use codec::{ASSIGNOR, Report};
+pub use codec::{ASSIGNOR, RANGE, Report, Topics};
 use wire::{Connection, WireError};
 
 /// How long to wait before trying again after a failed request (a rebalance is not one).
@@ -55,6 +58,11 @@ pub struct GroupConfig {
     pub instance_id: String,
     /// The topic whose partitions are the tasks.
     pub topic: String,
+    /// How many tasks there are (the topic's partitions).
+    pub tasks: i32,
+    /// The route stage's topic and its partitions, when the topology repartitions (its
+    /// partitions are spread over the members beside the tasks).
+    pub routes: Option<(String, i32)>,
     pub session_timeout: Duration,
     pub rebalance_timeout: Duration,
     pub heartbeat_interval: Duration,
@@ -63,6 +71,15 @@ pub struct GroupConfig {
     pub standby_replicas: usize,
     /// A store this many records behind its changelog end counts as caught up.
     pub acceptable_lag: u64,
+}
+
+impl GroupConfig {
+    fn topics(&self) -> Topics<'_> {
+        Topics {
+            tasks: &self.topic,
+            routes: self.routes.as_ref().map(|(t, _)| t.as_str()),
+        }
+    }
 }
 
 /// What the member tells the group, and what the leader asks about the changelog.
@@ -87,12 +104,34 @@ pub enum GroupEvent {
     /// A new generation began and this is the member's share of it.
     Assigned(Generation),
     /// The group is rebalancing: the share of the last generation holds until the next one
-    /// (its transactions fail from then on with the old generation).
-    Rebalancing,
+    /// (its transactions fail from then on with the old generation). The member joins again
+    /// once the receiver says it let go of its share ([`Revoke::done`], or dropping it), so
+    /// that its last transaction commits with the generation it belongs to — at most the
+    /// rebalance timeout later.
+    Rebalancing(Revoke),
     /// The membership ended for good (another member took this instance id, the group
     /// refuses this member): the engine must stop.
     Failed(String),
 }
+
+/// The receiver's answer to [`GroupEvent::Rebalancing`]: it let go of its share.
+#[derive(Clone, Debug)]
+pub struct Revoke(Sender<()>);
+
+impl Revoke {
+    /// The share is let go (the open transaction committed or aborted): join again now.
+    pub fn done(self) {
+        let _ = self.0.send(());
+    }
+}
+
+/// Every `Revoke` is the same event; what it carries is only the way back.
+impl PartialEq for Revoke {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for Revoke {}
 
 /// What to do after a response with an error, or a broken connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,7 +170,7 @@ pub fn after_error(code: i16) -> Next {
 }
 
 /// A running membership; dropping it stops the thread without leaving the group (a static
-/// member back within the session timeout keeps its share).
+/// member back within the session timeout keeps its share) and without waiting for it.
 pub struct Membership {
     stop: Arc<AtomicBool>,
     leave: Arc<AtomicBool>,
@@ -188,8 +227,15 @@ impl Membership {
 }
 
 impl Drop for Membership {
+    /// Stops the thread without waiting for it: a request under way (a JoinGroup can take up
+    /// to the rebalance timeout) ends on its own, and nothing else is sent after it.
     fn drop(&mut self) {
-        self.stop_thread();
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take()
+            && thread.is_finished()
+        {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -333,7 +379,7 @@ impl Member {
     fn join(&mut self) -> Result<(), Failure> {
         self.check_stop()?;
         let report = self.state.report();
-        let metadata = codec::subscription(&self.cfg.topic, &report);
+        let metadata = codec::subscription(self.cfg.topics(), &report);
         let request = JoinGroupRequest::default()
             .with_group_id(self.group_id())
             .with_session_timeout_ms(self.cfg.session_timeout.as_millis() as i32)
@@ -341,9 +387,14 @@ impl Member {
             .with_member_id(StrBytes::from_string(self.member_id.clone()))
             .with_group_instance_id(self.instance_id())
             .with_protocol_type(StrBytes::from_static_str("consumer"))
+            // The state-aware assignor first; range too, so that a group that still has plain
+            // consumers (a rollout turning standbys on or off) agrees on range meanwhile.
             .with_protocols(vec![
                 JoinGroupRequestProtocol::default()
                     .with_name(StrBytes::from_static_str(ASSIGNOR))
+                    .with_metadata(metadata.clone()),
+                JoinGroupRequestProtocol::default()
+                    .with_name(StrBytes::from_static_str(RANGE))
                     .with_metadata(metadata),
             ]);
         let rebalance_timeout = self.cfg.rebalance_timeout;
@@ -365,12 +416,18 @@ impl Member {
         self.member_id = joined.member_id.to_string();
         let leader = joined.leader.as_str() == joined.member_id.as_str();
         let generation_id = joined.generation_id;
+        // Range while some member offers nothing else (before version 7 the response does not
+        // say, and only a group of ours can have agreed: they offer the state-aware one first).
+        let protocol = match joined.protocol_name.as_ref().map(|p| p.as_str()) {
+            Some(RANGE) => RANGE,
+            _ => ASSIGNOR,
+        };
         // A static leader back in a stable group keeps the current assignment (KIP-814): the
         // coordinator says to skip assigning, and answers the SyncGroup with its share.
-        let assignments = if leader && !joined.skip_assignment {
-            self.lead(&joined.members)?
-        } else {
-            Vec::new()
+        let assignments = match (leader && !joined.skip_assignment, protocol) {
+            (false, _) => Vec::new(),
+            (true, RANGE) => self.lead_range(&joined.members),
+            (true, _) => self.lead(&joined.members)?,
         };
         let mut request = SyncGroupRequest::default()
             .with_group_id(self.group_id())
@@ -382,13 +439,13 @@ impl Member {
         if coordinator.version(ApiKey::SyncGroup) >= 5 {
             request = request
                 .with_protocol_type(Some(StrBytes::from_static_str("consumer")))
-                .with_protocol_name(Some(StrBytes::from_static_str(ASSIGNOR)));
+                .with_protocol_name(Some(StrBytes::from_static_str(protocol)));
         }
         let synced = coordinator.send(&request)?;
         if synced.error_code != 0 {
             return Err(Failure::Retry(after_error(synced.error_code)));
         }
-        let share = match codec::read_assignment(&self.cfg.topic, synced.assignment) {
+        let share = match codec::read_assignment(self.cfg.topics(), protocol, synced.assignment) {
             Ok(share) => share,
             Err(e) => {
                 return Err(Failure::Retry(Next::Fail(format!(
@@ -405,9 +462,11 @@ impl Member {
         info!(
             generation = generation_id,
             leader,
+            assignor = protocol,
             active = ?generation.share.active,
             standby = ?generation.share.standby,
             warm_up = ?generation.share.warm_up,
+            routes = ?generation.share.routes,
             "joined the group"
         );
         self.generation = Some(generation.clone());
@@ -455,6 +514,7 @@ impl Member {
                 changelog_ends,
                 standby_replicas: self.cfg.standby_replicas,
                 acceptable_lag: self.cfg.acceptable_lag,
+                route_partitions: self.cfg.routes.as_ref().map_or(0, |(_, n)| *n),
             },
         );
         self.probing_due = decided
@@ -466,9 +526,27 @@ impl Member {
             .map(|(id, share)| {
                 SyncGroupRequestAssignment::default()
                     .with_member_id(StrBytes::from_string(member_ids[id].clone()))
-                    .with_assignment(codec::assignment(&self.cfg.topic, share))
+                    .with_assignment(codec::assignment(self.cfg.topics(), share))
             })
             .collect())
+    }
+
+    /// The leader's part while the group agreed on range: Kafka's range assignment over the
+    /// member ids, what a plain consumer leading would hand out.
+    fn lead_range(
+        &self,
+        members: &[kafka_protocol::messages::join_group_response::JoinGroupResponseMember],
+    ) -> Vec<SyncGroupRequestAssignment> {
+        let ids: Vec<String> = members.iter().map(|m| m.member_id.to_string()).collect();
+        let route_partitions = self.cfg.routes.as_ref().map_or(0, |(_, n)| *n);
+        assignment::range(&ids, self.cfg.tasks, route_partitions)
+            .iter()
+            .map(|(id, share)| {
+                SyncGroupRequestAssignment::default()
+                    .with_member_id(StrBytes::from_string(id.clone()))
+                    .with_assignment(codec::assignment(self.cfg.topics(), share))
+            })
+            .collect()
     }
 
     /// Heartbeats until the group rebalances (`Ok`: join again) or something fails.
@@ -481,7 +559,7 @@ impl Member {
                 if self.probing_due.is_some_and(|t| Instant::now() >= t) {
                     self.probing_due = None;
                     info!("probing rebalance: warm-ups may have caught up");
-                    let _ = self.events.send(GroupEvent::Rebalancing);
+                    self.announce_rebalance();
                     return Ok(());
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -495,7 +573,7 @@ impl Member {
             match response.error_code {
                 0 => {}
                 code => {
-                    let _ = self.events.send(GroupEvent::Rebalancing);
+                    self.announce_rebalance();
                     return match after_error(code) {
                         Next::Rejoin => Ok(()),
                         other => Err(Failure::Retry(other)),
@@ -503,6 +581,30 @@ impl Member {
                 }
             }
         }
+    }
+
+    /// Tells the receiver the group rebalances and waits until it let go of its share (or
+    /// dropped the event), at most the rebalance timeout: the coordinator waits that long for
+    /// members to join anyway.
+    fn announce_rebalance(&self) {
+        let (revoked, wait) = channel();
+        if self
+            .events
+            .send(GroupEvent::Rebalancing(Revoke(revoked)))
+            .is_err()
+        {
+            return;
+        }
+        let deadline = Instant::now() + self.cfg.rebalance_timeout;
+        while Instant::now() < deadline && !self.stop.load(Ordering::SeqCst) {
+            match wait.recv_timeout(Duration::from_millis(100)) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                _ => return, // done, or the receiver dropped it
+            }
+        }
+        warn!(
+            "the member did not let go of its share within the rebalance timeout: joining anyway"
+        );
     }
 
     fn leave_group(&mut self) {
