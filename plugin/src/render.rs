@@ -108,6 +108,9 @@ fn app_tree(out: &mut String, app: &StreamApp, now: Timestamp, colour: Colour) {
     if let Some(lag) = status.worst_restore_lag {
         facts.push(format!("worst restore lag {lag}"));
     }
+    if let Some(coverage) = &status.standby_coverage {
+        facts.push(format!("standbys {coverage} caught up"));
+    }
     if let Some(t) = &status.oldest_checkpoint {
         facts.push(format!("oldest checkpoint {} ago", since(t.0, now)));
     }

@@ -95,7 +95,7 @@ async fn status_prints_the_tree_and_json_of_what_the_api_server_holds() {
     let text = stdout(&plugin(&["status", "orders", "-n", &ns.name], None));
     let expected = "\
 NS/orders  Progressing  1/2 ready  state Healthy  lag 1500 (~12s)
-├─ group prod.orders  input orders (3 partitions)  worst restore lag 4000
+├─ group prod.orders  input orders (3 partitions)  worst restore lag 4000  standbys 2/3 caught up
 ├─ conditions
 │  ├─ Ready         False  PodsNotReady: 1/2 pods ready; a pod is ready once its stores are restored
 │  ├─ Progressing   True   PodsStarting: waiting for 1 pods to restore their stores and become ready

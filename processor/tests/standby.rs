@@ -1,5 +1,6 @@
-//! Standby stores against the real broker (issue 14, DESIGN.md's invariant 5): the state
-//! updater keeps a store warm by following its changelog with read_committed, and the store
+//! Standby replicas against the real broker (DESIGN.md's invariant 5).
+//!
+//! First the state updater on its own: it keeps a store warm by following its changelog with read_committed, and the store
 //! never holds a record of an aborted transaction, nor one of a transaction still open; its
 //! changelog offset is written in the same batch as the records, so it never vouches for more
 //! than the store holds. Promoting the standby is the ordinary restore, with nothing left to
@@ -9,6 +10,11 @@
 //! (keys are ids, values 8-byte big-endian times, as the engine writes them). Writes to a store
 //! only ever add ids (the window is far longer than the test), so an aborted id absent from the
 //! store at the end was never in it.
+//!
+//! Then running processors with `group.standbyReplicas: 1` (the processor's own state-aware
+//! membership): a lost pod's tasks go to the holders of their standbys, a new pod warms up
+//! before a task moves to it, and the incident this product was built after, replayed with
+//! standbys.
 
 mod common;
 
@@ -299,32 +305,38 @@ fn standbys_caught_up(h: &ProcessorHealth, ends: &[i64]) -> bool {
             .all(|t| t.store_changelog_offset == Some(ends[t.partition as usize]))
 }
 
+/// Starts pod-a and pod-b, has them process `ids` distinct ids and waits until each keeps
+/// caught-up standbys of the other's tasks; returns them with their health reports then.
+fn two_pods_holding(app: &App, ids: usize) -> [(Processor, ProcessorHealth); 2] {
+    let mut pods = [app.start("pod-a"), app.start("pod-b")];
+    for p in &mut pods {
+        p.wait_ready(MINUTE);
+    }
+    let t0 = now_ms();
+    let inputs: Vec<Input> = (0..ids)
+        .map(|i| Input::cmd(&format!("id-{i}"), t0 + (i as i64 % 1000)))
+        .collect();
+    app.produce(&inputs);
+    app.wait_until_processed(3 * MINUTE);
+    let ends = kafka::end_offsets(&app.changelog());
+    pods.map(|mut p| {
+        let health = p.wait_health("caught-up standbys", 2 * MINUTE, |h| {
+            standbys_caught_up(h, &ends)
+        });
+        (p, health)
+    })
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_pods_tasks_go_to_the_holders_of_their_standbys_which_replay_only_the_tail() {
     let _serial = serial().await;
     const PARTITIONS: i32 = 4;
     const IDS: usize = 500_000;
     let app = app_with_standbys("failover", PARTITIONS).await;
-    let mut a = app.start("pod-a");
-    let mut b = app.start("pod-b");
-    a.wait_ready(MINUTE);
-    b.wait_ready(MINUTE);
-
-    let t0 = now_ms();
-    let inputs: Vec<Input> = (0..IDS)
-        .map(|i| Input::cmd(&format!("id-{i}"), t0 + (i as i64 % 1000)))
-        .collect();
-    app.produce(&inputs);
-    app.wait_until_processed(3 * MINUTE);
+    let [(mut a, a_health), (mut b, b_health)] = two_pods_holding(&app, IDS);
     let ends = kafka::end_offsets(&app.changelog());
 
     // Each task is active on one pod and kept warm on the other.
-    let a_health = a.wait_health("caught-up standbys", 2 * MINUTE, |h| {
-        standbys_caught_up(h, &ends)
-    });
-    let b_health = b.wait_health("caught-up standbys", 2 * MINUTE, |h| {
-        standbys_caught_up(h, &ends)
-    });
     let a_active = in_state(&a_health, TaskState::Active);
     let b_active = in_state(&b_health, TaskState::Active);
     assert!(
@@ -424,22 +436,7 @@ async fn a_new_pod_warms_a_copy_up_before_a_task_moves_to_it_and_replays_at_most
         },
     )
     .await;
-    let mut a = app.start("pod-a");
-    let mut b = app.start("pod-b");
-    a.wait_ready(MINUTE);
-    b.wait_ready(MINUTE);
-    let t0 = now_ms();
-    let inputs: Vec<Input> = (0..IDS)
-        .map(|i| Input::cmd(&format!("id-{i}"), t0 + (i as i64 % 1000)))
-        .collect();
-    app.produce(&inputs);
-    app.wait_until_processed(3 * MINUTE);
-    let ends = kafka::end_offsets(&app.changelog());
-    for p in [&mut a, &mut b] {
-        p.wait_health("caught-up standbys", 2 * MINUTE, |h| {
-            standbys_caught_up(h, &ends)
-        });
-    }
+    let _pods = two_pods_holding(&app, IDS);
 
     // pod-c joins with nothing on its volume: its share of the tasks stays active where the
     // state is while pod-c warms a copy up, and processing goes on meanwhile.
@@ -527,7 +524,8 @@ async fn the_incident_with_standbys_an_aborted_put_reaches_neither_store_and_the
         assert_eq!(report["tasks"][0]["ids"], 1, "{pod}'s store: {report}");
     }
 
-    // The task returns to A, which processes cmd-x once; B comes back as its standby.
+    // Both come back without faults: cmd-x is processed once, and the pod that does not
+    // process it keeps a standby copy that catches up with it.
     let mut a = app.start("pod-a");
     a.wait_ready(2 * MINUTE);
     let mut b = app.start("pod-b");

@@ -45,6 +45,7 @@ pub fn status(name: &str, restored: i64, times: bool) -> serde_json::Value {
         "ready": "1/2",
         "stateHealth": "Healthy",
         "worstRestoreLag": 10000 - restored,
+        "standbyCoverage": "2/3",
         "consumerGroup": format!("prod.{name}"),
         "lag": 1500,
         "lagSeconds": 12,
