@@ -711,3 +711,45 @@ async fn a_bad_image_rolled_out_then_reverted_heals_without_deleting_a_pod_by_ha
     s.assert_exactly_once(&sent);
     s.finish().await;
 }
+
+#[tokio::test]
+async fn with_a_standby_replica_every_partition_has_a_warm_copy_on_the_other_pod_and_kubectl_shows_it()
+ {
+    let s = Scenario::start("standbys", 4).await;
+    let mut app = s.example();
+    app["spec"]["standbyReplicas"] = 1.into();
+    s.apply(&app);
+    s.wait_ready(READY_TIMEOUT).await;
+
+    let mut sent = Sent::new();
+    sent.produce(&s, 2000, 0.3, 5);
+    s.assert_exactly_once(&sent);
+
+    // Each pod processes its share and keeps a caught-up copy of the other's: the agents
+    // report the copies, the operator counts the partitions they cover.
+    let status = s
+        .wait_for_status(
+            "every partition covered by a standby",
+            Duration::from_secs(90),
+            |st| st.standby_coverage.as_deref() == Some("4/4"),
+        )
+        .await;
+    for pod in &status.pods {
+        let states: Vec<_> = pod
+            .tasks
+            .iter()
+            .filter_map(|t| t.state.as_deref())
+            .collect();
+        assert!(
+            states.contains(&"Active") && states.contains(&"Standby"),
+            "{}: {states:?}",
+            pod.name
+        );
+    }
+    let wide = s.kubectl(&["get", "sapp", APP, "-o", "wide"]);
+    let header: Vec<_> = wide.lines().next().unwrap().split_whitespace().collect();
+    let column = header.iter().position(|h| *h == "STANDBYS").expect(&wide);
+    let row: Vec<_> = wide.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[column], "4/4", "{wide}");
+    s.finish().await;
+}
