@@ -175,7 +175,7 @@ async fn an_aborted_put_is_not_a_duplicate_after_revoke_and_reassign_of_the_susp
         .map(|i| i + failed)
         .expect("revoked after the failure");
     assert!(
-        log[revoked..].contains("partitions assigned partitions=[0]"),
+        log[revoked..].contains("tasks assigned active=[0]"),
         "partition 0 came back to A:
 {}",
         a.log_tail()
