@@ -320,3 +320,36 @@ async fn rocksdb_knobs_rocksdb_cannot_work_with_are_refused() {
     apply(&ns.name, &fine).expect("knobs at sensible values are accepted");
     ns.delete().await;
 }
+
+#[tokio::test]
+async fn standbys_are_refused_over_tls_or_sasl_and_accepted_over_plaintext() {
+    let ns = namespace("standbys").await;
+    let standbys = with(streamapp_json("a", 2), "/spec/standbyReplicas", 1.into());
+    let message = "standbyReplicas needs a plaintext Kafka connection for now";
+    assert_refused(
+        &ns.name,
+        with(
+            standbys.clone(),
+            "/spec/kafka/properties",
+            serde_json::json!({ "security.protocol": "SASL_SSL" }),
+        ),
+        message,
+    );
+    assert_refused(
+        &ns.name,
+        with(
+            standbys.clone(),
+            "/spec/kafka/sasl",
+            serde_json::json!({ "secretName": "kafka-user" }),
+        ),
+        message,
+    );
+    let plaintext = with(
+        standbys,
+        "/spec/kafka/properties",
+        serde_json::json!({ "security.protocol": "PLAINTEXT" }),
+    );
+    let out = apply(&ns.name, &plaintext).expect("standbys over plaintext are accepted");
+    assert!(out.contains("streamapp.streamapp.dev/a created"), "{out}");
+    ns.delete().await;
+}

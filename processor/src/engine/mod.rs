@@ -512,6 +512,8 @@ impl Engine {
         self.last_publish = Instant::now();
         let mut reports = Vec::new();
         let mut backing_off: BTreeMap<StoreUnavailable, i64> = BTreeMap::new();
+        // Only the copies kept now have a series: a promoted or closed one drops out.
+        self.metrics.standby_lag.clear();
         for task in self.tasks.values_mut() {
             let Some(state) = task.lifecycle.state() else {
                 continue; // suspended: not ours
