@@ -416,6 +416,55 @@ async fn a_lost_pods_tasks_go_to_the_holders_of_their_standbys_which_replay_only
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn without_standbys_the_same_failover_restores_the_lost_pods_whole_changelogs() {
+    // The run the test above is measured against: the same pods, ids and kill, no standbys.
+    let _serial = serial().await;
+    const PARTITIONS: i32 = 4;
+    const IDS: usize = 500_000;
+    let app = App::create(
+        "no-standbys",
+        AppOptions {
+            partitions: PARTITIONS,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut a = app.start("pod-a");
+    let mut b = app.start("pod-b");
+    a.wait_ready(MINUTE);
+    b.wait_ready(MINUTE);
+    let t0 = now_ms();
+    let inputs: Vec<Input> = (0..IDS)
+        .map(|i| Input::cmd(&format!("id-{i}"), t0 + (i as i64 % 1000)))
+        .collect();
+    app.produce(&inputs);
+    app.wait_until_processed(3 * MINUTE);
+    let a_active = in_state(&a.live_health(), TaskState::Active);
+    assert!(!a_active.is_empty(), "pod-a had tasks");
+    assert!(in_state(&b.live_health(), TaskState::Standby).is_empty());
+
+    a.kill9();
+    let taken_over = b.wait_health("every task active", 2 * MINUTE, |h| {
+        in_state(h, TaskState::Active).len() == PARTITIONS as usize
+    });
+    let restored: u64 = taken_over
+        .tasks
+        .iter()
+        .filter(|t| a_active.contains(&t.partition))
+        .map(|t| {
+            t.restore
+                .as_ref()
+                .expect("a restored task reports it")
+                .records_restored
+        })
+        .sum();
+    assert!(
+        restored >= (IDS / PARTITIONS as usize * a_active.len()) as u64 * 9 / 10,
+        "pod-b rebuilt pod-a's stores from their whole changelogs: {restored} records for {a_active:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_new_pod_warms_a_copy_up_before_a_task_moves_to_it_and_replays_at_most_a_short_tail() {
     let _serial = serial().await;
     const PARTITIONS: i32 = 4;
