@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use streamapp_api::config::default_acceptable_recovery_lag;
 use streamapp_api::crd::{PodStateStatus, StreamApp, StreamAppStatus};
 use streamapp_api::units::format_duration;
 
@@ -490,10 +491,6 @@ pub fn compute_status(
     }
 }
 
-/// A standby copy this many changelog records behind (or less) counts as caught up: the
-/// processor's default `acceptable.recovery.lag`, under which the assignor moves a task to it.
-const CAUGHT_UP_LAG: i64 = 10_000;
-
 /// `standbyCoverage`: how many of the input's partitions have a caught-up standby copy on some
 /// pod, as `covered/partitions` (unknown until the partition count is).
 fn standby_coverage(reports: &[&PodStateStatus], partitions: Option<i32>) -> Option<String> {
@@ -502,7 +499,13 @@ fn standby_coverage(reports: &[&PodStateStatus], partitions: Option<i32>) -> Opt
         .iter()
         .flat_map(|r| r.tasks.iter())
         .filter(|t| t.state.as_deref() == Some("Standby"))
-        .filter(|t| t.restore_lag.is_some_and(|lag| lag <= CAUGHT_UP_LAG))
+        // Caught up as the assignor counts it: within the acceptable recovery lag the operator
+        // configures (the processor's default).
+        .filter(|t| {
+            t.restore_lag.is_some_and(|lag| {
+                u64::try_from(lag).is_ok_and(|l| l <= default_acceptable_recovery_lag())
+            })
+        })
         .map(|t| t.partition)
         .filter(|p| (0..partitions).contains(p))
         .collect();

@@ -305,9 +305,8 @@ fn standbys_caught_up(h: &ProcessorHealth, ends: &[i64]) -> bool {
             .all(|t| t.store_changelog_offset == Some(ends[t.partition as usize]))
 }
 
-/// Starts pod-a and pod-b, has them process `ids` distinct ids and waits until each keeps
-/// caught-up standbys of the other's tasks; returns them with their health reports then.
-fn two_pods_holding(app: &App, ids: usize) -> [(Processor, ProcessorHealth); 2] {
+/// Starts pod-a and pod-b and has them process `ids` distinct ids.
+fn two_pods_with(app: &App, ids: usize) -> [Processor; 2] {
     let mut pods = [app.start("pod-a"), app.start("pod-b")];
     for p in &mut pods {
         p.wait_ready(MINUTE);
@@ -318,6 +317,13 @@ fn two_pods_holding(app: &App, ids: usize) -> [(Processor, ProcessorHealth); 2] 
         .collect();
     app.produce(&inputs);
     app.wait_until_processed(3 * MINUTE);
+    pods
+}
+
+/// [`two_pods_with`], then waits until each keeps caught-up standbys of the other's tasks;
+/// returns them with their health reports then.
+fn two_pods_holding(app: &App, ids: usize) -> [(Processor, ProcessorHealth); 2] {
+    let pods = two_pods_with(app, ids);
     let ends = kafka::end_offsets(&app.changelog());
     pods.map(|mut p| {
         let health = p.wait_health("caught-up standbys", 2 * MINUTE, |h| {
@@ -429,16 +435,7 @@ async fn without_standbys_the_same_failover_restores_the_lost_pods_whole_changel
         },
     )
     .await;
-    let mut a = app.start("pod-a");
-    let mut b = app.start("pod-b");
-    a.wait_ready(MINUTE);
-    b.wait_ready(MINUTE);
-    let t0 = now_ms();
-    let inputs: Vec<Input> = (0..IDS)
-        .map(|i| Input::cmd(&format!("id-{i}"), t0 + (i as i64 % 1000)))
-        .collect();
-    app.produce(&inputs);
-    app.wait_until_processed(3 * MINUTE);
+    let [mut a, mut b] = two_pods_with(&app, IDS);
     let a_active = in_state(&a.live_health(), TaskState::Active);
     assert!(!a_active.is_empty(), "pod-a had tasks");
     assert!(in_state(&b.live_health(), TaskState::Standby).is_empty());

@@ -229,23 +229,6 @@ impl Task {
     }
 }
 
-/// The changelog offsets of the stores on the volume that were closed cleanly (their
-/// checkpoints say), for the first report to the group.
-fn stores_on_disk(engine: &Engine) -> BTreeMap<i32, i64> {
-    let state = &engine.shared.state_dir;
-    state
-        .task_partitions()
-        .into_iter()
-        .filter_map(|p| {
-            let entries = crate::checkpoint::read(&state.checkpoint_file(p)).ok()??;
-            let entry = entries
-                .iter()
-                .find(|e| e.topic == engine.cfg.changelog_topic && e.partition == p)?;
-            Some((p, entry.offset))
-        })
-        .collect()
-}
-
 /// A task of the route stage: one input partition whose records go to the repartition topic.
 /// It has no state, so it is consumed from as soon as its committed offset is known.
 #[derive(Default)]
@@ -355,6 +338,15 @@ impl Engine {
         };
         metrics.input_partitions.set(cfg.input_partitions as i64);
         shared.update(true, |h| h.input_partitions = Some(cfg.input_partitions));
+        // With standbys our own membership assigns the consumer its partitions (it never
+        // subscribes); its generations wait in a channel until the loop takes them.
+        let own_group = match cfg.group.standby_replicas {
+            0 => None,
+            _ => Some(state_aware_group::StateAwareGroup::start(
+                &cfg,
+                &shared.state_dir,
+            )?),
+        };
         let engine = Arc::new(Mutex::new(Engine {
             attempts: RecordAttempts::new(cfg.max_record_attempts),
             route_attempts: RecordAttempts::new(cfg.max_record_attempts),
@@ -384,18 +376,10 @@ impl Engine {
             reassign_needed: false,
             paused_until: None,
             transient_aborts: 0,
-            own_group: None,
+            own_group,
         }));
         let consumer = membership::new_consumer(&cfg, engine.clone())?;
-        if cfg.group.standby_replicas > 0 {
-            // Our own membership assigns the consumer its partitions; it never subscribes.
-            let group = state_aware_group::StateAwareGroup::start(
-                &cfg,
-                &cfg.client,
-                stores_on_disk(&engine.lock().unwrap()),
-            )?;
-            engine.lock().unwrap().own_group = Some(group);
-        } else {
+        if cfg.group.standby_replicas == 0 {
             let mut topics = vec![cfg.input_topic.as_str()];
             topics.extend(cfg.repartition_topic.as_deref());
             consumer

@@ -13,14 +13,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 
-use rdkafka::config::ClientConfig;
 use tracing::{info, warn};
 
 use super::membership::Share;
 use super::{Engine, EngineConfig, EngineError, GroupConsumer};
+use crate::checkpoint;
 use crate::group::txn_offsets::GroupGeneration;
 use crate::group::{Generation, GroupConfig, GroupEvent, MemberState, Membership, Report};
 use crate::restore::ChangelogEnds;
+use crate::state_dir::StateDir;
 
 /// The membership and what the engine keeps of it.
 pub(super) struct StateAwareGroup {
@@ -58,20 +59,17 @@ impl MemberState for EngineReport {
 }
 
 impl StateAwareGroup {
-    /// Joins the group. `on_disk`: the changelog offsets of the stores this process finds on
-    /// its volume (from their checkpoints), so that a restarted pod gets its tasks back.
-    pub(super) fn start(
-        cfg: &EngineConfig,
-        client: &ClientConfig,
-        on_disk: BTreeMap<i32, i64>,
-    ) -> Result<Self, EngineError> {
+    /// Joins the group, first reporting the stores this process finds closed cleanly on its
+    /// volume, so that a restarted pod gets its tasks back.
+    pub(super) fn start(cfg: &EngineConfig, state: &StateDir) -> Result<Self, EngineError> {
+        let client = &cfg.client;
         let ends = ChangelogEnds::new(client, &cfg.changelog_topic).map_err(|e| {
             EngineError::Fatal(format!("creating the group leader's changelog probe: {e}"))
         })?;
         let report = Arc::new(EngineReport {
             report: Mutex::new(Report {
                 node: cfg.group.node.clone(),
-                stores: on_disk,
+                stores: stores_on_disk(state, &cfg.changelog_topic),
                 active: BTreeSet::new(),
             }),
             ends: Mutex::new(ends),
@@ -117,6 +115,22 @@ impl StateAwareGroup {
     pub(super) fn generation(&self) -> Option<&GroupGeneration> {
         self.generation.as_ref()
     }
+}
+
+/// The changelog offsets of the stores on the volume that were closed cleanly (their
+/// checkpoints say).
+fn stores_on_disk(state: &StateDir, changelog_topic: &str) -> BTreeMap<i32, i64> {
+    state
+        .task_partitions()
+        .into_iter()
+        .filter_map(|p| {
+            let entries = checkpoint::read(&state.checkpoint_file(p)).ok()??;
+            let entry = entries
+                .iter()
+                .find(|e| e.topic == changelog_topic && e.partition == p)?;
+            Some((p, entry.offset))
+        })
+        .collect()
 }
 
 /// What a generation's share means for the engine.

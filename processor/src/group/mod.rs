@@ -8,12 +8,11 @@
 //! arrives as a [`GroupEvent`]; the member id and generation are what a transaction's offsets
 //! carry for zombie fencing (KIP-447).
 //!
-//! What is built: the membership, the transaction's offsets with its generation
-//! ([`txn_offsets`]) and their tests against the broker; the state updater keeps standby
-//! stores warm ([`crate::state_updater::StateUpdater::follow`]). What is not: the engine still
-//! consumes through librdkafka's own group membership; wiring this in (librdkafka `assign()`
-//! driven by the [`GroupEvent`]s, the route stage's partitions, standby tasks in the engine) is
-//! the next step of the ADR.
+//! The engine drives it when standbys are configured ([`crate::engine`]'s
+//! `state_aware_group`): the member waits for the engine to let go of its share before it
+//! joins again ([`Revoke`]), and the engine's transactions carry the generation's fence
+//! ([`txn_offsets`]). Members also offer Kafka's range assignor, so plain consumers and these
+//! can share a group during a rollout.
 //!
 //! What to do after a failed request is decided by [`after_error`], a pure function.
 
@@ -74,6 +73,11 @@ pub struct GroupConfig {
 }
 
 impl GroupConfig {
+    /// Partitions of the route stage's topic (0 without one).
+    fn route_partitions(&self) -> i32 {
+        self.routes.as_ref().map_or(0, |(_, n)| *n)
+    }
+
     fn topics(&self) -> Topics<'_> {
         Topics {
             tasks: &self.topic,
@@ -514,7 +518,7 @@ impl Member {
                 changelog_ends,
                 standby_replicas: self.cfg.standby_replicas,
                 acceptable_lag: self.cfg.acceptable_lag,
-                route_partitions: self.cfg.routes.as_ref().map_or(0, |(_, n)| *n),
+                route_partitions: self.cfg.route_partitions(),
             },
         );
         self.probing_due = decided
@@ -538,8 +542,7 @@ impl Member {
         members: &[kafka_protocol::messages::join_group_response::JoinGroupResponseMember],
     ) -> Vec<SyncGroupRequestAssignment> {
         let ids: Vec<String> = members.iter().map(|m| m.member_id.to_string()).collect();
-        let route_partitions = self.cfg.routes.as_ref().map_or(0, |(_, n)| *n);
-        assignment::range(&ids, self.cfg.tasks, route_partitions)
+        assignment::range(&ids, self.cfg.tasks, self.cfg.route_partitions())
             .iter()
             .map(|(id, share)| {
                 SyncGroupRequestAssignment::default()
@@ -624,8 +627,8 @@ impl Member {
     }
 }
 
-/// A shared, settable [`MemberState`] (what the tests hand a membership; the engine will
-/// report from its tasks).
+/// A shared, settable [`MemberState`]: what the tests hand a membership (the engine reports
+/// from its tasks instead).
 #[derive(Default)]
 pub struct SharedState {
     pub report: Mutex<Report>,
