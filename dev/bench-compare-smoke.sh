@@ -9,17 +9,20 @@ source "$(dirname "$0")/lib.sh"
 
 out="$STREAMAPP_RUN/bench-compare-smoke"
 rm -rf "$out"
-BENCH_RESULTS="$out" BENCH_RECORDS=10000 BENCH_RUNS=1 BENCH_RECOVERY_KEYS=5000 \
+BENCH_RESULTS="$out" BENCH_RECORDS=10000 BENCH_RUNS=1 BENCH_RECOVERY_KEYS=5000 BENCH_FAILOVER_KEYS=5000 \
   BENCH_LATENCY_WARMUP_SECONDS=3 BENCH_LATENCY_SECONDS=2 "$DEV_DIR/bench-compare.sh"
 for f in vs-kafka-streams.csv vs-kafka-streams.png; do
   [[ -s $out/$f ]] || die "bench-compare smoke: $out/$f was not written"
 done
 rows=$(grep -c "^recovery 5k keys" "$out/vs-kafka-streams.csv")
 ((rows == 4)) || die "bench-compare smoke: expected 4 recovery rows in the CSV, found $rows"
+rows=$(grep -c "^failover 5k keys" "$out/vs-kafka-streams.csv")
+((rows == 4)) || die "bench-compare smoke: expected 4 failover rows in the CSV, found $rows"
 grep -q "exactly once: NO" "$out/vs-kafka-streams.txt" &&
   die "bench-compare smoke: an output was not exactly once (see $out/vs-kafka-streams.txt)"
-# Throughput: 5 systems; latency: 4; recovery: 3 — each output checked once.
+# Throughput: 5 systems; latency: 4; recovery: 3; failover: 2, with and without standbys — each
+# output checked once.
 checks=$(grep -c "exactly once: yes" "$out/vs-kafka-streams.txt")
-((checks == 12)) ||
-  die "bench-compare smoke: expected 12 passed exactly-once checks, found $checks (see $out/vs-kafka-streams.txt)"
+((checks == 16)) ||
+  die "bench-compare smoke: expected 16 passed exactly-once checks, found $checks (see $out/vs-kafka-streams.txt)"
 log "bench-compare smoke passed: $out"

@@ -88,7 +88,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         work.path(),
         &format!("{run}-dedup"),
         &input,
-        &ProcessorOptions::keyed_by_id(),
+        &AppOptions::keyed_by_id(),
     );
     let mut dedup = dedup_app.start();
     let mut dedup_fig = measure_throughput(&mut dedup, settings.records);
@@ -121,7 +121,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         work.path(),
         &format!("{run}-lat-dedup"),
         &lat_input,
-        &ProcessorOptions::keyed_by_id(),
+        &AppOptions::keyed_by_id(),
     );
     let mut lat_dedup = lat_app.start();
     lat_dedup.wait_ready();

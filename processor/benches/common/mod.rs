@@ -4,8 +4,10 @@
 #![allow(dead_code)]
 
 pub mod copy;
+mod system;
 mod workload;
 
+pub use system::*;
 pub use workload::*;
 
 use std::collections::HashSet;
@@ -78,21 +80,44 @@ pub struct Figures {
 
 // ---- the processor ------------------------------------------------------------------------------
 
-/// What a benchmark sets in a processor's configuration.
-pub struct ProcessorOptions {
+/// What a benchmark sets in an application's configuration (the processor's, or the same
+/// settings of a peer).
+pub struct AppOptions {
     /// `topology.repartition`: `Auto` (the input is not keyed by the id: re-key through the
     /// repartition topic) or `Never` (it is).
     pub repartition: bool,
     pub retention: Duration,
+    /// `group.standbyReplicas`: copies of each task's store kept on other instances.
+    pub standby_replicas: u32,
+    /// The group's `session.timeout.ms` (and a heartbeat a third of it); the client's
+    /// default when `None`.
+    pub session_timeout: Option<Duration>,
 }
 
-impl ProcessorOptions {
+impl AppOptions {
     /// An input keyed by the id, the default retention: no repartition stage.
     pub fn keyed_by_id() -> Self {
-        ProcessorOptions {
+        AppOptions {
             repartition: false,
             retention: RETENTION,
+            standby_replicas: 0,
+            session_timeout: None,
         }
+    }
+
+    /// The librdkafka properties of the group's timing, when set.
+    pub fn group_properties(&self) -> Vec<(String, String)> {
+        self.session_timeout
+            .map(|t| {
+                vec![
+                    ("session.timeout.ms".into(), t.as_millis().to_string()),
+                    (
+                        "heartbeat.interval.ms".into(),
+                        (t / 3).as_millis().to_string(),
+                    ),
+                ]
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -113,7 +138,7 @@ impl DedupApp {
         work: &Path,
         id: &str,
         input: &str,
-        options: &ProcessorOptions,
+        options: &AppOptions,
     ) -> DedupApp {
         let (output, duplicates, dead_letters) = (
             format!("{id}-out"),
@@ -127,9 +152,11 @@ impl DedupApp {
             .repartition
             .then(|| format!("{id}-dedup-repartition"));
         topics.created.extend(repartition.clone());
+        let mut properties = system_properties();
+        properties.extend(options.group_properties());
         let config = serde_json::json!({
             "applicationId": id,
-            "kafka": { "bootstrapServers": kafka::bootstrap(), "properties": system_properties() },
+            "kafka": { "bootstrapServers": kafka::bootstrap(), "properties": properties },
             "topology": {
                 "inputTopic": input,
                 "outputTopic": output,
@@ -147,6 +174,7 @@ impl DedupApp {
             },
             // The default RocksDB profile: what a StreamApp gets unless tuned.
             "rocksdb": {},
+            "group": { "standbyReplicas": options.standby_replicas },
         });
         let dir = work.join(id);
         std::fs::create_dir_all(&dir).unwrap();
@@ -165,11 +193,19 @@ impl DedupApp {
         }
     }
 
-    /// Starts the processor the way the integration tests do (and a pod does). A restart
-    /// (same state dir) appends to the log.
+    /// Starts the processor the way the integration tests do (and a pod does), as instance
+    /// (pod) [`SINGLE_INSTANCE`].
     pub fn start(&self) -> System {
+        self.start_instance(SINGLE_INSTANCE)
+    }
+
+    /// Starts instance `instance` of the application: the pod of that name, with a state
+    /// directory and log of its own. A restart (same instance) reuses its state and appends to
+    /// its log.
+    pub fn start_instance(&self, instance: &str) -> System {
         let port = free_port();
-        let log = self.dir.join("processor.log");
+        let dir = instance_dir(&self.dir, instance);
+        let log = dir.join("processor.log");
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -181,8 +217,8 @@ impl DedupApp {
         let child = Command::new(bin)
             .arg("run")
             .env("STREAMAPP_CONFIG", self.dir.join("processor.yaml"))
-            .env("POD_NAME", "bench-0")
-            .env("STREAMAPP_STATE_DIR", self.dir.join("state"))
+            .env("POD_NAME", instance)
+            .env("STREAMAPP_STATE_DIR", dir.join("state"))
             .env("STREAMAPP_HTTP_PORT", port.to_string())
             // BENCH_PROCESSOR_LOG: the processor's RUST_LOG, to look into a run (with e.g.
             // BENCH_SYSTEM_PROPS=debug=eos and librdkafka=debug).
@@ -195,279 +231,26 @@ impl DedupApp {
             .spawn()
             .expect("starting streamapp-processor");
         System {
-            name: "streamapp".into(),
+            name: format!("streamapp {instance}"),
             child,
             group: self.id.clone(),
             input: self.input.clone(),
             repartition: self.repartition.clone(),
             kind: Kind::Processor { port },
             log,
+            tasks_file: None,
         }
     }
 }
 
-// ---- running systems ------------------------------------------------------------------------------
+/// The instance name (pod name, `group.instance.id`) of an application run as one process.
+pub const SINGLE_INSTANCE: &str = "bench-0";
 
-pub enum Kind {
-    /// streamapp-processor: ready when /readyz answers 200; stops by POST /drain.
-    Processor { port: u16 },
-    /// A peer program that touches `ready` when it consumes, and stops cleanly (commits,
-    /// exits) when its stdin closes.
-    Peer { ready: PathBuf },
-}
-
-/// A running system: a child process consuming `input` under consumer group `group`, and
-/// `repartition` too when it re-keys the input through that topic first.
-pub struct System {
-    pub name: String,
-    pub child: Child,
-    pub group: String,
-    pub input: String,
-    pub repartition: Option<String>,
-    pub kind: Kind,
-    pub log: PathBuf,
-}
-
-impl System {
-    /// Starts a peer program (`command`, stdin piped) that consumes `input` as group `group`
-    /// and touches `ready`; its output goes to `log` (appended).
-    pub fn start_peer(
-        name: &str,
-        mut command: Command,
-        group: &str,
-        input: &str,
-        ready: PathBuf,
-        log: PathBuf,
-    ) -> System {
-        let _ = std::fs::remove_file(&ready);
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
-        let child = command
-            .stdin(Stdio::piped())
-            .stdout(log_file.try_clone().unwrap())
-            .stderr(log_file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-        System {
-            name: name.into(),
-            child,
-            group: group.into(),
-            input: input.into(),
-            repartition: None,
-            kind: Kind::Peer { ready },
-            log,
-        }
-    }
-
-    /// Fails the run, with the child's log, when the child exited.
-    pub fn check_alive(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!(
-                "{} exited with {status}; its log:\n{}",
-                self.name,
-                log_tail(&self.log)
-            );
-        }
-    }
-
-    /// Whether it consumes: the processor is ready (partitions assigned, stores restored), a
-    /// peer has announced it.
-    pub fn is_ready(&self) -> bool {
-        match &self.kind {
-            Kind::Processor { port } => {
-                http(*port, "GET", streamapp_api::probe::READYZ).is_some_and(|(s, _)| s == 200)
-            }
-            Kind::Peer { ready } => ready.exists(),
-        }
-    }
-
-    /// Waits until it consumes.
-    pub fn wait_ready(&mut self) {
-        let deadline = Instant::now() + STALL_TIMEOUT;
-        loop {
-            self.check_alive();
-            if self.is_ready() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} not ready after {STALL_TIMEOUT:?}:\n{}",
-                self.name,
-                log_tail(&self.log)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// A client that reads the group's committed offsets (OffsetFetch) without joining it.
-    pub fn offsets_watcher(&self) -> BaseConsumer {
-        kafka::client_config()
-            .set("group.id", &self.group)
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .create()
-            .expect("offsets watcher")
-    }
-
-    /// How far the group got: see [`Progress`].
-    pub fn progress(&self, watcher: &BaseConsumer) -> Progress {
-        let input = committed(watcher, &self.input).iter().sum();
-        let Some(repartition) = &self.repartition else {
-            return Progress {
-                input,
-                repartition_backlog: 0,
-            };
-        };
-        let ends = end_offsets(repartition);
-        let done = committed(watcher, repartition);
-        Progress {
-            input,
-            // An entry per partition is not a record: the marker the last transaction ended with.
-            repartition_backlog: ends
-                .iter()
-                .zip(&done)
-                .map(|(&end, &done)| (end as u64).saturating_sub(done + 1))
-                .sum(),
-        }
-    }
-
-    /// Waits until the group has committed all `total` input records — in both stages when it
-    /// repartitions — failing when it stalls. Exact: once the first stage has committed the
-    /// whole input, the repartition topic is complete, each partition ending with a commit
-    /// marker, and the second stage is done when its committed offsets reach those markers.
-    pub fn wait_done(&mut self, watcher: &BaseConsumer, total: u64) {
-        self.wait_until(watcher, total, |s, w| s.progress(w).input);
-        let Some(repartition) = self.repartition.clone() else {
-            return;
-        };
-        let ends = end_offsets(&repartition);
-        let entries: u64 = ends.iter().map(|&e| e as u64).sum();
-        self.wait_until(watcher, entries, |_, w| {
-            committed(w, &repartition)
-                .iter()
-                .zip(&ends)
-                // At the marker (or past it): this partition is done.
-                .map(|(&done, &end)| {
-                    if done + 1 >= end as u64 {
-                        end as u64
-                    } else {
-                        done
-                    }
-                })
-                .sum()
-        });
-    }
-
-    /// Waits until `count` reaches `total`, failing when it stops moving for
-    /// [`STALL_TIMEOUT`] or the child exits.
-    fn wait_until(
-        &mut self,
-        watcher: &BaseConsumer,
-        total: u64,
-        count: impl Fn(&Self, &BaseConsumer) -> u64,
-    ) {
-        let mut last_progress = (Instant::now(), 0);
-        loop {
-            self.check_alive();
-            let done = count(self, watcher);
-            if done >= total {
-                return;
-            }
-            if done > last_progress.1 {
-                last_progress = (Instant::now(), done);
-            }
-            assert!(
-                last_progress.0.elapsed() < STALL_TIMEOUT,
-                "{} made no progress for {STALL_TIMEOUT:?} at {done}/{total}:\n{}",
-                self.name,
-                log_tail(&self.log)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// The processor's metrics from /metrics, by sample name without the prefix.
-    pub fn processor_metrics(&self) -> impl Fn(&str) -> f64 + use<> {
-        let Kind::Processor { port } = self.kind else {
-            unreachable!("only the processor has metrics")
-        };
-        let text = http(port, "GET", "/metrics")
-            .map(|(_, body)| body)
-            .unwrap_or_default();
-        move |name: &str| {
-            let prefix = format!("streamapp_processor_{name} ");
-            text.lines()
-                .find_map(|l| l.strip_prefix(&prefix))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(f64::NAN)
-        }
-    }
-
-    /// kill -9: no drain, no close, no flush.
-    pub fn kill9(mut self) {
-        self.child.kill().expect("kill -9");
-        self.child.wait().expect("reaping the killed child");
-    }
-
-    /// Stops it the way it stops in production: the processor drains, a peer closes
-    /// cleanly; both exit.
-    pub fn stop(mut self) {
-        match &self.kind {
-            Kind::Processor { port } => {
-                let _ = http(*port, "POST", streamapp_api::probe::DRAIN);
-            }
-            Kind::Peer { .. } => drop(self.child.stdin.take()),
-        }
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                eprintln!("{} did not stop within 60 s; killing it", self.name);
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-/// Where a system is: input records whose offsets it committed, and records of those still in
-/// its repartition topic, not yet committed by its second stage (0 without one; counted from
-/// the high watermarks, so records of an open transaction count too, and the figure is exact
-/// only between transactions). `done()` estimates the records through both stages.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Progress {
-    pub input: u64,
-    pub repartition_backlog: u64,
-}
-
-impl Progress {
-    pub fn done(&self) -> u64 {
-        self.input.saturating_sub(self.repartition_backlog)
-    }
-}
-
-/// The offsets a group committed on a topic's partitions (0 where none).
-pub fn committed(watcher: &BaseConsumer, topic: &str) -> Vec<u64> {
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition(topic, p);
-    }
-    match watcher.committed_offsets(tpl, Duration::from_secs(5)) {
-        Ok(c) => c
-            .elements()
-            .iter()
-            .map(|e| match e.offset() {
-                Offset::Offset(o) => o as u64,
-                _ => 0,
-            })
-            .collect(),
-        // Not known yet (e.g. an offset commit in flight): asked again on the next tick.
-        Err(_) => vec![0; PARTITIONS as usize],
-    }
+/// Where instance `instance` of the application in `app_dir` keeps its state and log (created).
+pub fn instance_dir(app_dir: &Path, instance: &str) -> PathBuf {
+    let dir = app_dir.join(instance);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 // ---- measurements ------------------------------------------------------------------------------
@@ -680,19 +463,6 @@ pub fn check_dedup_output(name: &str, output: &str, duplicates: &str, dataset: &
         if correct { "yes" } else { "NO" }
     );
     correct
-}
-
-/// The end offsets (high watermarks) of a topic's partitions.
-pub fn end_offsets(topic: &str) -> Vec<i64> {
-    let consumer: BaseConsumer = kafka::client_config().create().expect("consumer");
-    (0..PARTITIONS)
-        .map(|p| {
-            consumer
-                .fetch_watermarks(topic, p, Duration::from_secs(10))
-                .expect("fetch_watermarks")
-                .1
-        })
-        .collect()
 }
 
 /// Extra librdkafka properties for the Rust systems' clients (`BENCH_SYSTEM_PROPS="k=v,k=v"`),

@@ -52,18 +52,31 @@
 //!    — otherwise the warm-up is extended, at most 3 times, and then the run fails — and a
 //!    window of `BENCH_LATENCY_SECONDS` (default 20). Its output is checked exactly once too.
 //! 4. Recovery after kill -9, for each key count in `BENCH_RECOVERY_KEYS` (default
-//!    20000,1000000,5000000): each system loads that many distinct ids (the time it takes is reported
-//!    too); live traffic (1,000 records/s of new ids) runs for 3 s so that the kill lands
-//!    mid-transaction; kill -9; 1,000 new records are sent; the system is restarted on the same
-//!    state directory. Measured: time from the restart to the first new committed output
-//!    record, to catching up with the input, and the records it restored from its changelog.
-//!    Then its output is checked again: every id exactly once across the crash.
-//! 5. A table with the medians, spreads and ratios, the goals met or not, and a CSV
+//!    20000,1000000,5000000), `BENCH_RUNS` runs in alternating order: each system loads that
+//!    many distinct ids (the time it takes is reported too); live traffic (1,000 records/s of
+//!    new ids) runs for 3 s so that the kill lands mid-transaction; kill -9; 1,000 new records
+//!    are sent; the system is restarted on the same state directory. Measured: time from the
+//!    restart to the first new committed output record, to catching up with the input, and the
+//!    records it restored from its changelog. Then its output is checked again: every id
+//!    exactly once across the crash.
+//! 5. Failover, for each key count in `BENCH_FAILOVER_KEYS` (default 1000000), with one
+//!    standby copy of each task and with none, `BENCH_RUNS` runs in alternating order: each
+//!    system runs as two instances (`streamapp` with `group.standbyReplicas`, Kafka Streams
+//!    `ks-window` with `num.standby.replicas`; both with a 6 s group session timeout), loads
+//!    that many ids, waits until every standby copy is caught up (each system's own report: the
+//!    processor's `standby_lag` metric, the peer's store lags), then one instance is killed
+//!    (-9) under live traffic and stays down. Measured: from the kill until the survivor has
+//!    committed every record sent, and the changelog records the survivor restored to take the
+//!    lost tasks over. Both figures include the session timeout and, on both sides, the wait
+//!    for the dead instance's open transaction to time out (`transaction.timeout.ms` 10 s on
+//!    both; until then no read_committed reader gets past it in the repartition topic). Output
+//!    checked exactly once across the failover.
+//! 6. A table with the medians, spreads and ratios, the goals met or not, and a CSV
 //!    (`BENCH_CSV`, default bench/results/vs-kafka-streams.csv) from which
 //!    bench/compare/chart.py draws the PNG.
 //!
-//! `BENCH_PHASES` (e.g. `recovery`) runs only some of phases 1–4 (`throughput`, `latency`,
-//! `recovery`; the table shows – for what was not run), `BENCH_PEERS` (e.g.
+//! `BENCH_PHASES` (e.g. `recovery`) runs only some of phases 1–5 (`throughput`, `latency`,
+//! `recovery`, `failover`; the table shows – for what was not run), `BENCH_PEERS` (e.g.
 //! `streamapp,ks-window`) only some systems.
 //!
 //! Other knobs: `BENCH_JAVA`, `BENCH_JAVA_OPTS` (default `-Xmx1g`), `BENCH_KEEP_WORK` (keep logs
@@ -73,6 +86,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod failover;
 mod recovery;
 mod report;
 mod steady;
@@ -83,6 +97,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use common::*;
+use failover::{Failover, fail_over};
 use recovery::{Recovery, recover};
 use report::{Better, Row, Table, format_keys};
 use steady::{Latency, LatencyRun, Throughput};
@@ -102,7 +117,7 @@ fn main() -> ExitCode {
 }
 
 /// The phases of a run, in order (`BENCH_PHASES` picks some).
-const PHASES: [&str; 3] = ["throughput", "latency", "recovery"];
+const PHASES: [&str; 4] = ["throughput", "latency", "recovery", "failover"];
 
 pub struct Settings {
     records: u64,
@@ -114,6 +129,7 @@ pub struct Settings {
     latency_warmup: Duration,
     latency_duration: Duration,
     recovery_keys: Vec<u64>,
+    failover_keys: Vec<u64>,
     /// The phases to run (`BENCH_PHASES`), all by default.
     phases: Vec<String>,
     /// The systems to run (`BENCH_PEERS`, by name), all by default.
@@ -123,6 +139,22 @@ pub struct Settings {
     pub java_opts: Vec<String>,
     pub ks_classpath: String,
     csv: PathBuf,
+}
+
+/// A comma-separated list of key counts from the environment variable `name`.
+fn key_counts(name: &str, default: &str) -> Vec<u64> {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.into())
+        .split(',')
+        .filter(|n| !n.trim().is_empty())
+        .map(|n| {
+            n.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{name}: {n} is not a number"))
+        })
+        .collect()
 }
 
 impl Settings {
@@ -142,16 +174,8 @@ impl Settings {
             latency_rate: var("BENCH_LATENCY_RATE").map(|_| env_num("BENCH_LATENCY_RATE", 0)),
             latency_warmup: Duration::from_secs(env_num("BENCH_LATENCY_WARMUP_SECONDS", 30)),
             latency_duration: Duration::from_secs(env_num("BENCH_LATENCY_SECONDS", 20)),
-            recovery_keys: var("BENCH_RECOVERY_KEYS")
-                .unwrap_or_else(|| "20000,1000000,5000000".into())
-                .split(',')
-                .filter(|n| !n.trim().is_empty())
-                .map(|n| {
-                    n.trim()
-                        .parse()
-                        .unwrap_or_else(|_| panic!("BENCH_RECOVERY_KEYS: {n} is not a number"))
-                })
-                .collect(),
+            recovery_keys: key_counts("BENCH_RECOVERY_KEYS", "20000,1000000,5000000"),
+            failover_keys: key_counts("BENCH_FAILOVER_KEYS", "1000000"),
             phases: var("BENCH_PHASES")
                 .unwrap_or_else(|| PHASES.join(","))
                 .split(',')
@@ -198,6 +222,16 @@ impl Settings {
         self.keying == Keying::Unrelated
     }
 
+    /// One application's options: one instance, no standbys, the clients' group timing.
+    fn options(&self, retention: Duration) -> AppOptions {
+        AppOptions {
+            repartition: self.repartitions(),
+            retention,
+            standby_replicas: 0,
+            session_timeout: None,
+        }
+    }
+
     fn runs(&self, phase: &str) -> bool {
         self.phases.iter().any(|p| p == phase)
     }
@@ -226,6 +260,14 @@ struct Measured {
     throughput: Vec<(Peer, Throughput)>,
     latency: Vec<(Peer, Latency)>,
     recoveries: Vec<(u64, Vec<(Peer, Recovery)>)>,
+    failovers: Vec<FailoverRuns>,
+}
+
+/// The failover runs of one key count and number of standby copies.
+struct FailoverRuns {
+    keys: u64,
+    standby_replicas: u32,
+    runs: Vec<(Peer, Failover)>,
 }
 
 /// The whole run. Returns whether every output was correct and every latency run steady.
@@ -307,8 +349,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                     peer,
                     &id,
                     &input,
-                    settings.repartitions(),
-                    settings.retention,
+                    &settings.options(settings.retention),
                 );
                 let mut system = app.start(settings);
                 let fig = steady::measure_throughput(&mut system, settings.records);
@@ -377,8 +418,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                 peer,
                 &id,
                 &input,
-                settings.repartitions(),
-                settings.retention,
+                &settings.options(settings.retention),
             );
             let mut system = app.start(settings);
             system.wait_ready();
@@ -418,37 +458,95 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         .iter()
         .filter(|_| settings.runs("recovery"))
     {
-        println!("recovery after kill -9 with {keys} keys in the store:");
         let mut row = Vec::new();
-        for peer in settings.selected(Peer::RECOVERED) {
-            // An input of its own per system (the same records each time): the live traffic and
-            // the records sent during one system's crash must not reach the next system.
-            let id = format!("{run}-rec{keys}-{}", peer.name());
-            let input = format!("{id}-in");
-            topics.create(&[&input]);
-            let loaded = produce_dataset(
-                &input,
-                keys,
-                Workload::with(0.0, "key").keyed(settings.keying),
-                RecordTime::Now,
+        for r in 0..settings.runs {
+            println!(
+                "recovery after kill -9 with {keys} keys in the store, run {}/{}:",
+                r + 1,
+                settings.runs
             );
-            // The full hour: nothing expires while the ids load.
-            let app = App::create(
-                topics,
-                work.path(),
-                peer,
-                &id,
-                &input,
-                settings.repartitions(),
-                RETENTION,
-            );
-            let (recovery, ok) = recover(settings, &app, &loaded, settings.keying);
-            correct &= ok;
-            row.push((peer, recovery));
-            app.remove(topics);
-            topics.delete(&[input]);
+            for peer in settings.order(Peer::RECOVERED, r) {
+                // An input of its own per system (the same records each time): the live
+                // traffic and the records sent during one system's crash must not reach the
+                // next system.
+                let id = format!("{run}-rec{keys}-{r}-{}", peer.name());
+                let input = format!("{id}-in");
+                topics.create(&[&input]);
+                let loaded = produce_dataset(
+                    &input,
+                    keys,
+                    Workload::with(0.0, "key").keyed(settings.keying),
+                    RecordTime::Now,
+                );
+                // The full hour: nothing expires while the ids load.
+                let app = App::create(
+                    topics,
+                    work.path(),
+                    peer,
+                    &id,
+                    &input,
+                    &settings.options(RETENTION),
+                );
+                let (recovery, ok) = recover(settings, &app, &loaded, settings.keying);
+                correct &= ok;
+                row.push((peer, recovery));
+                // A wrong output keeps its topics and state to look into.
+                if ok {
+                    app.remove(topics);
+                    topics.delete(&[input]);
+                }
+            }
         }
         measured.recoveries.push((keys, row));
+    }
+
+    // ---- failover to a standby, and without one ----------------------------------------------
+    for &keys in settings
+        .failover_keys
+        .iter()
+        .filter(|_| settings.runs("failover"))
+    {
+        for standby_replicas in [1, 0] {
+            let mut row = Vec::new();
+            for r in 0..settings.runs {
+                println!(
+                    "failover with {keys} keys in the store, {}, run {}/{}:",
+                    failover::describe(standby_replicas),
+                    r + 1,
+                    settings.runs
+                );
+                for peer in settings.order(Peer::FAILED_OVER, r) {
+                    let id = format!("{run}-fo{keys}-{standby_replicas}-{r}-{}", peer.name());
+                    let input = format!("{id}-in");
+                    topics.create(&[&input]);
+                    let loaded = produce_dataset(
+                        &input,
+                        keys,
+                        Workload::with(0.0, "key").keyed(settings.keying),
+                        RecordTime::Now,
+                    );
+                    let options = AppOptions {
+                        standby_replicas,
+                        session_timeout: Some(failover::SESSION_TIMEOUT),
+                        ..settings.options(RETENTION)
+                    };
+                    let app = App::create(topics, work.path(), peer, &id, &input, &options);
+                    let (figures, ok) =
+                        fail_over(settings, &app, standby_replicas, &loaded, settings.keying);
+                    correct &= ok;
+                    row.push((peer, figures));
+                    if ok {
+                        app.remove(topics);
+                        topics.delete(&[input]);
+                    }
+                }
+            }
+            measured.failovers.push(FailoverRuns {
+                keys,
+                standby_replicas,
+                runs: row,
+            });
+        }
     }
 
     let table = table(&measured, settings);
@@ -457,7 +555,9 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     println!("CSV: {}", settings.csv.display());
     println!("load average at end: {}", loadavg());
     if !correct {
-        println!("AN OUTPUT WAS NOT EXACTLY ONCE AFTER A CRASH: see above (work dir kept)");
+        println!(
+            "AN OUTPUT WAS NOT EXACTLY ONCE AFTER A CRASH OR FAILOVER: see above (work dir kept)"
+        );
     }
     if !steady_state {
         println!("A LATENCY RUN FOUND NO STEADY STATE: see above");
@@ -578,6 +678,38 @@ fn table(m: &Measured, settings: &Settings) -> Table {
             "records",
             Better::Lower,
             recovery(|r| r.restored as f64),
+        ));
+    }
+    for FailoverRuns {
+        keys,
+        standby_replicas,
+        runs,
+    } in &m.failovers
+    {
+        let label = format!(
+            "failover {} keys, {}",
+            format_keys(*keys),
+            failover::describe(*standby_replicas)
+        );
+        let failover = |f: fn(&Failover) -> f64| {
+            move |peer: Peer| -> Vec<f64> {
+                runs.iter()
+                    .filter(|(p, _)| *p == peer)
+                    .map(|(_, r)| f(r))
+                    .collect()
+            }
+        };
+        rows.push(Row::new(
+            format!("{label}: caught up"),
+            "s",
+            Better::Lower,
+            failover(|f| f.caught_up_s),
+        ));
+        rows.push(Row::new(
+            format!("{label}: restored"),
+            "records",
+            Better::Lower,
+            failover(|f| f.restored as f64),
         ));
     }
     Table { rows }

@@ -235,6 +235,21 @@ impl Table {
                 verdict(wipe >= 10.0 * ours)
             );
         }
+        // Issue 14: failover to a standby.
+        for row in self.rows.iter().filter(|r| {
+            r.metric.starts_with("failover")
+                && r.metric.ends_with(": caught up")
+                && !r.metric.contains("no standby")
+        }) {
+            if let Some((peer, a)) = row.vs_best() {
+                println!(
+                    "goal: {} no slower than Kafka Streams with standbys: {a:.2}x vs {} — {}",
+                    row.metric,
+                    peer.name(),
+                    verdict(a >= 1.0)
+                );
+            }
+        }
         for row in self.rows.iter().filter(|r| r.metric.ends_with(": load")) {
             if let Some((peer, a)) = row.vs_best() {
                 println!(

@@ -51,6 +51,8 @@ impl Peer {
     ];
     /// Recovery after kill -9: wipe-and-restore next to transactional stores.
     pub const RECOVERED: [Peer; 3] = [Peer::Streamapp, Peer::KsWindow, Peer::KsWindowTxn];
+    /// Failover to a standby (and without one): two instances each.
+    pub const FAILED_OVER: [Peer; 2] = [Peer::Streamapp, Peer::KsWindow];
     /// Every column of the table and the CSV.
     pub const ALL: [Peer; 6] = [
         Peer::Streamapp,
@@ -124,6 +126,10 @@ pub struct App {
     pub duplicates: String,
     pub repartition: Option<String>,
     pub retention: std::time::Duration,
+    /// `num.standby.replicas` of a Kafka Streams peer (the processor's is in its configuration).
+    standby_replicas: u32,
+    /// The group's timing, as librdkafka and the Java client both name it.
+    group_properties: Vec<(String, String)>,
     pub dir: PathBuf,
     /// Every topic of this application (not its input), to delete when it is done.
     pub topics: Vec<String>,
@@ -132,16 +138,16 @@ pub struct App {
 }
 
 impl App {
-    /// Creates the topics of a new application of `peer` reading `input`. `repartition`: the
-    /// input is not keyed by the id, so the system re-keys it through a repartition topic.
+    /// Creates the topics of a new application of `peer` reading `input`, configured as
+    /// `options` say (`repartition`: the input is not keyed by the id, so the system re-keys it
+    /// through a repartition topic).
     pub fn create(
         topics: &mut Topics<'_>,
         work: &Path,
         peer: Peer,
         id: &str,
         input: &str,
-        repartition: bool,
-        retention: std::time::Duration,
+        options: &AppOptions,
     ) -> App {
         let before = topics.created.len();
         let dir = work.join(id);
@@ -153,18 +159,16 @@ impl App {
             output: format!("{id}-out"),
             duplicates: format!("{id}-dups"),
             repartition: None,
-            retention,
+            retention: options.retention,
+            standby_replicas: options.standby_replicas,
+            group_properties: options.group_properties(),
             dir,
             topics: Vec::new(),
             processor: None,
         };
         match peer {
             Peer::Streamapp => {
-                let options = ProcessorOptions {
-                    repartition,
-                    retention,
-                };
-                let processor = DedupApp::create(topics, work, id, input, &options);
+                let processor = DedupApp::create(topics, work, id, input, options);
                 app.output = processor.output.clone();
                 app.duplicates = processor.duplicates.clone();
                 app.repartition = processor.repartition.clone();
@@ -175,7 +179,7 @@ impl App {
                 topics.create(&[&app.output, &app.duplicates]);
                 // Kafka Streams creates these; listed so that they are deleted with the rest.
                 topics.created.push(format!("{id}-dedup-store-changelog"));
-                if repartition {
+                if options.repartition {
                     let internal = format!("{id}-dedup-repartition");
                     topics.created.push(internal.clone());
                     app.repartition = Some(internal);
@@ -188,8 +192,14 @@ impl App {
 
     /// Starts (or restarts, on the same state directory) the system's process.
     pub fn start(&self, settings: &Settings) -> System {
+        self.start_instance(settings, SINGLE_INSTANCE)
+    }
+
+    /// Starts (or restarts, on its own state directory) instance `instance` of the system: the
+    /// pod of that name, `group.instance.id` `instance`. The copy runs as one instance only.
+    pub fn start_instance(&self, settings: &Settings, instance: &str) -> System {
         if let Some(processor) = &self.processor {
-            return processor.start();
+            return processor.start_instance(instance);
         }
         if self.peer == Peer::Copy {
             return copy::start_copy(
@@ -199,6 +209,7 @@ impl App {
                 &self.output,
             );
         }
+        let dir = instance_dir(&self.dir, instance);
         let mut command = Command::new(&settings.java);
         command
             .args(&settings.java_opts)
@@ -210,20 +221,28 @@ impl App {
             .arg(format!("input={}", self.input))
             .arg(format!("output={}", self.output))
             .arg(format!("duplicates={}", self.duplicates))
-            .arg(format!("state-dir={}", self.dir.join("state").display()))
+            .arg(format!("state-dir={}", dir.join("state").display()))
             .arg(format!("retention-ms={}", self.retention.as_millis()))
             .arg(format!("repartition={}", self.repartition.is_some()))
             .args(self.peer.kafka_streams_args(settings))
-            .arg("group-instance-id=bench-0")
-            .arg(format!("ready-file={}", self.dir.join("ready").display()));
+            .arg(format!("standby-replicas={}", self.standby_replicas))
+            .args(
+                self.group_properties
+                    .iter()
+                    .map(|(k, v)| format!("consumer.{k}={v}")),
+            )
+            .arg(format!("group-instance-id={instance}"))
+            .arg(format!("ready-file={}", dir.join("ready").display()))
+            .arg(format!("tasks-file={}", dir.join("tasks").display()));
         let mut system = System::start_peer(
-            self.peer.name(),
+            &format!("{} {instance}", self.peer.name()),
             command,
             &self.id,
             &self.input,
-            self.dir.join("ready"),
-            self.dir.join("app.log"),
+            dir.join("ready"),
+            dir.join("app.log"),
         );
+        system.tasks_file = Some(dir.join("tasks"));
         system.repartition = self.repartition.clone();
         system
     }

@@ -6,12 +6,15 @@ import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
+import java.util.Set;
 import java.util.concurrent.atomic.AtomicLong;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.producer.ProducerConfig;
@@ -19,8 +22,11 @@ import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.KeyValue;
+import org.apache.kafka.streams.LagInfo;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.TaskMetadata;
+import org.apache.kafka.streams.ThreadMetadata;
 import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler;
 import org.apache.kafka.streams.kstream.Consumed;
@@ -65,8 +71,13 @@ import org.apache.kafka.streams.state.WindowStoreIterator;
  * transactional-stores (true|false), and optionally linger-ms and batch-size (the producer's;
  * absent: Kafka Streams' defaults), cache-bytes (absent or 0: the store is not cached, the
  * default of a store builder; otherwise caching on with this statestore.cache.max.bytes),
- * group-instance-id (static membership) and ready-file (touched each time the instance reaches
- * RUNNING). It runs until its stdin closes, then closes cleanly. It prints one line per state
+ * group-instance-id (static membership), ready-file (touched each time the instance reaches
+ * RUNNING), standby-replicas ({@code num.standby.replicas}, default 0), tasks-file (rewritten
+ * every half second with the stateful tasks this instance runs, the standby copies of their
+ * store it keeps and the copies' total lag behind the changelog's last record,
+ * {@code active=N standby-copies=N standby-lag=M}), and any {@code consumer.<setting>=value} (a consumer
+ * setting, e.g. {@code consumer.session.timeout.ms}). It runs until its stdin closes, then closes
+ * cleanly. It prints one line per state
  * change and per restored partition on stdout, which the benchmark driver reads.
  */
 public final class DedupApp {
@@ -100,6 +111,13 @@ public final class DedupApp {
         props.put(StreamsConfig.producerPrefix(knob[1]), args.get(knob[0]));
       }
     }
+    props.put(
+        StreamsConfig.NUM_STANDBY_REPLICAS_CONFIG, args.getOrDefault("standby-replicas", "0"));
+    args.forEach((key, value) -> {
+      if (key.startsWith("consumer.")) {
+        props.put(key, value);
+      }
+    });
     long cacheBytes = Long.parseLong(args.getOrDefault("cache-bytes", "0"));
     if (cacheBytes > 0) {
       props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, Long.toString(cacheBytes));
@@ -133,6 +151,16 @@ public final class DedupApp {
       return StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
     });
     streams.start();
+    String tasksFile = args.get("tasks-file");
+    if (tasksFile != null) {
+      // With the repartition stage, the store's tasks are those of the second sub-topology.
+      int statefulSubtopology = Boolean.parseBoolean(args.getOrDefault("repartition", "false"))
+          ? 1 : 0;
+      Thread reporter =
+          new Thread(() -> reportTasks(streams, statefulSubtopology, Path.of(tasksFile)));
+      reporter.setDaemon(true);
+      reporter.start();
+    }
 
     // Runs until the driver closes stdin (a clean stop), or is killed.
     while (System.in.read() >= 0) {
@@ -319,6 +347,48 @@ public final class DedupApp {
     @Override
     public void onRestoreEnd(TopicPartition tp, String store, long restored) {
       say("restored " + tp + " " + restored + " records; total " + total.addAndGet(restored));
+    }
+  }
+
+  /** Every half second: the stateful tasks this instance runs, its standby copies, their lag. */
+  static void reportTasks(KafkaStreams streams, int statefulSubtopology, Path file) {
+    Path next = file.resolveSibling(file.getFileName() + ".next");
+    while (true) {
+      try {
+        Thread.sleep(500);
+        int active = 0;
+        Set<Integer> standbys = new HashSet<>();
+        for (ThreadMetadata thread : streams.metadataForLocalThreads()) {
+          for (TaskMetadata task : thread.activeTasks()) {
+            if (task.taskId().subtopology() == statefulSubtopology) {
+              active++;
+            }
+          }
+          for (TaskMetadata task : thread.standbyTasks()) {
+            standbys.add(task.taskId().partition());
+          }
+        }
+        Map<Integer, LagInfo> lags =
+            streams.allLocalStorePartitionLags().getOrDefault(STORE, Map.of());
+        long lag = 0;
+        for (int partition : standbys) {
+          LagInfo info = lags.get(partition);
+          // A copy not yet started has no position: not caught up. A caught-up copy's position
+          // is just past the last record, before the commit marker that ends the changelog
+          // under exactly-once: that one offset is not lag.
+          lag += info == null ? Long.MAX_VALUE / 1024 : Math.max(0, info.offsetLag() - 1);
+        }
+        Files.writeString(
+            next,
+            "active=" + active + " standby-copies=" + standbys.size() + " standby-lag=" + lag
+                + "\n");
+        Files.move(next, file, StandardCopyOption.REPLACE_EXISTING,
+            StandardCopyOption.ATOMIC_MOVE);
+      } catch (InterruptedException e) {
+        return;
+      } catch (Exception e) {
+        // Not running (starting, rebalancing, closing): the last report stands.
+      }
     }
   }
 
