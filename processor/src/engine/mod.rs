@@ -33,6 +33,7 @@
 //! - [`delivery`]: the producer's delivery reports;
 //! - [`verification`]: background checksum scans of the stores and what they find.
 
+mod changelog_position;
 mod delivery;
 mod membership;
 mod processing;
@@ -66,6 +67,7 @@ use crate::shared::{DrainOutcome, Shared};
 use crate::state_updater::StateUpdater;
 use crate::store::{SharedMemory, Staged, TaskStore, Verifier};
 
+use changelog_position::ChangelogPosition;
 pub use delivery::{DeliveryTracker, Origin, await_deliveries};
 pub use membership::{GroupConsumer, GroupContext};
 
@@ -78,6 +80,11 @@ const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 /// 60 s; Kafka Streams uses 10 s under exactly-once): how long a dead instance's open
 /// transaction can hold back the restore of the tasks it had, and the reads of its outputs.
 const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The transactional id of the producer of pod `pod` (one per pod: its group instance id).
+fn transactional_id(application_id: &str, pod: &str) -> String {
+    format!("{application_id}-{pod}")
+}
 
 /// Sets `key` unless the user's client properties already do (tuning, not correctness: the
 /// properties the processor must own are refused by the configuration).
@@ -162,7 +169,7 @@ impl EngineConfig {
     }
 
     pub fn transactional_id(&self) -> String {
-        format!("{}-{}", self.application_id, self.pod)
+        transactional_id(&self.application_id, &self.pod)
     }
 
     /// The producer's `transaction.timeout.ms`: the coordinator aborts transactions open
@@ -184,6 +191,8 @@ struct Task {
     /// Which store is open for the task ([`TaskStore::id`]), wherever it is.
     store_id: Option<u64>,
     staged: Staged,
+    /// Where its records land in its changelog partition, at the earliest.
+    changelog: ChangelogPosition,
     /// Next input offset to process (the consumer position as the engine sees it).
     position: Option<i64>,
     /// Next input offset as of the last committed transaction.
@@ -207,6 +216,7 @@ impl Task {
             store: None,
             store_id: None,
             staged: Staged::default(),
+            changelog: ChangelogPosition::default(),
             position: None,
             committed: None,
             dirty: false,
