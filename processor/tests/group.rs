@@ -88,6 +88,7 @@ impl Pod {
             node: Some(format!("node-{name}")),
             stores,
             active,
+            ..Default::default()
         };
         let (membership, events) = Membership::start(config(group, name), state.clone());
         Pod {
@@ -295,6 +296,17 @@ fn members_share_the_tasks_with_a_standby_each_and_a_leaving_member_hands_its_ta
             "pod-c's task {t} went to its standby holder"
         );
     }
+    // Whoever led the new generation learnt from the last one's members that pod-c is gone,
+    // and fenced it before handing its tasks out; nobody else was fenced.
+    let leader = if a.share().leader { &a } else { &b };
+    assert_eq!(
+        *leader.state.fenced.lock().unwrap(),
+        vec![BTreeSet::from(["pod-c".to_string()])],
+        "{} led",
+        leader.name
+    );
+    let follower = if a.share().leader { &b } else { &a };
+    assert!(follower.state.fenced.lock().unwrap().is_empty());
 }
 
 #[test]

@@ -20,6 +20,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{App, AppOptions, Input, Processor, counts, inspect, now_ms, serial};
@@ -419,6 +420,84 @@ async fn a_lost_pods_tasks_go_to_the_holders_of_their_standbys_which_replay_only
         .map(|t| t["ids"].as_u64().unwrap())
         .sum();
     assert_eq!(ids, (IDS + 1000) as u64);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_pods_open_transaction_is_ended_by_the_next_leader_not_left_to_its_timeout() {
+    let _serial = serial().await;
+    // A transaction timeout far longer than this test waits: only the fence can end pod-a's
+    // open transaction in time, and until it ends no read_committed reader gets past it.
+    let app = App::create(
+        "fence",
+        AppOptions {
+            partitions: 4,
+            kafka_properties: serde_json::json!({
+                "transaction.timeout.ms": "300000",
+                "session.timeout.ms": "6000",
+            }),
+            extra: serde_json::json!({ "group": { "standbyReplicas": 1 } }),
+            ..Default::default()
+        },
+    )
+    .await;
+    let [mut a, mut b] = two_pods_with(&app, 20_000);
+    let a_transactional_id = format!("{}-pod-a", app.id);
+
+    // Records keep coming while pod-a is frozen in the middle of a transaction (stopped, and
+    // started again until the coordinator shows one of its transactions open), then killed:
+    // its transaction stays open behind it.
+    let frozen = AtomicBool::new(false);
+    let more = std::thread::scope(|scope| {
+        let producer = scope.spawn(|| {
+            let mut sent = 0;
+            while !frozen.load(Ordering::SeqCst) && sent < 400_000 {
+                let t = now_ms();
+                let batch: Vec<Input> = (sent..sent + 2_000)
+                    .map(|i| Input::cmd(&format!("more-{i}"), t))
+                    .collect();
+                app.produce(&batch);
+                sent += 2_000;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            sent
+        });
+        let mut open = false;
+        for _ in 0..50 {
+            a.signal("STOP");
+            let state = kafka::describe_transaction(&a_transactional_id)
+                .remove("TransactionState")
+                .unwrap_or_default();
+            if state == "Ongoing" {
+                open = true;
+                break;
+            }
+            a.signal("CONT");
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        frozen.store(true, Ordering::SeqCst);
+        assert!(open, "pod-a never stopped inside a transaction");
+        producer.join().unwrap()
+    });
+    a.kill9();
+
+    // pod-b leads once pod-a's session ends and fences pod-a's transactional id: everything
+    // is processed long before the 5-minute timeout would have ended that transaction.
+    app.wait_until_processed(2 * MINUTE);
+    assert!(
+        b.log_text()
+            .contains("fenced a departed member's transactional id")
+            && b.log_text().contains("pod-a"),
+        "pod-b did not fence pod-a:\n{}",
+        b.log_tail()
+    );
+    let output = app.read(&app.output);
+    assert_eq!(output.len(), 20_000 + more, "each id once");
+    assert!(
+        counts(&output).values().all(|&n| n == 1),
+        "an id was output twice"
+    );
+    b.drain();
+    b.wait_exit(MINUTE);
 }
 
 #[tokio::test(flavor = "multi_thread")]

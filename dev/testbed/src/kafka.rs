@@ -397,9 +397,10 @@ fn restart_broker(signal: &str) {
     }
 }
 
-/// The `transaction.timeout.ms` the transaction coordinator holds for a transactional id
-/// (what its producer asked for), by Kafka's own `kafka-transactions.sh describe`.
-pub fn transaction_timeout_ms(transactional_id: &str) -> u64 {
+/// What the transaction coordinator holds for a transactional id, by Kafka's own
+/// `kafka-transactions.sh describe`: its columns (`TransactionState`, `TransactionTimeoutMs`,
+/// ...) by name.
+pub fn describe_transaction(transactional_id: &str) -> std::collections::BTreeMap<String, String> {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kafka.sh");
     let out = std::process::Command::new(&script)
         .args([
@@ -419,15 +420,22 @@ pub fn transaction_timeout_ms(transactional_id: &str) -> u64 {
     );
     // A header line and one row, tab-separated.
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<&str> = lines.next().unwrap_or_default().split('\t').collect();
-    let row: Vec<&str> = lines.next().unwrap_or_default().split('\t').collect();
-    let column = header
-        .iter()
-        .position(|h| h.trim() == "TransactionTimeoutMs")
-        .unwrap_or_else(|| panic!("no TransactionTimeoutMs column in:\n{text}"));
-    row.get(column)
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no timeout for {transactional_id} in:\n{text}"))
+    let header = lines.next().unwrap_or_default().split('\t');
+    let row = lines.next().unwrap_or_default().split('\t');
+    header
+        .zip(row)
+        .map(|(h, v)| (h.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// The `transaction.timeout.ms` the transaction coordinator holds for a transactional id
+/// (what its producer asked for).
+pub fn transaction_timeout_ms(transactional_id: &str) -> u64 {
+    let described = describe_transaction(transactional_id);
+    described
+        .get("TransactionTimeoutMs")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no timeout for {transactional_id} in {described:?}"))
 }
 
 /// Deletes a topic and waits until the broker's metadata no longer shows it.

@@ -39,6 +39,10 @@ struct EngineReport {
     report: Mutex<Report>,
     ends: Mutex<ChangelogEnds>,
     tasks: i32,
+    /// The producers' client settings and the application, to fence a departed member's
+    /// transactional id.
+    client: rdkafka::ClientConfig,
+    application_id: String,
 }
 
 impl MemberState for EngineReport {
@@ -56,6 +60,42 @@ impl MemberState for EngineReport {
             })
             .collect()
     }
+
+    /// Takes each departed member's transactional id over with a producer of our own, which
+    /// aborts the transaction it left open (`InitProducerId` bumps the epoch and completes it)
+    /// instead of leaving it to the coordinator's `transaction.timeout.ms`: until then no
+    /// read_committed reader gets past it, in the changelog, the repartition topic or the
+    /// outputs. A departed member that was only slow is fenced, as it would be by its
+    /// successor's commits anyway, and starts again.
+    fn fence_departed(&self, instance_ids: &BTreeSet<String>) {
+        for instance in instance_ids {
+            let transactional_id = super::transactional_id(&self.application_id, instance);
+            let started = std::time::Instant::now();
+            let fenced = self
+                .client
+                .clone()
+                .set("transactional.id", &transactional_id)
+                .create::<rdkafka::producer::BaseProducer>()
+                .and_then(|p| {
+                    use rdkafka::producer::Producer;
+                    p.init_transactions(std::time::Duration::from_secs(10))
+                });
+            match fenced {
+                Ok(()) => info!(
+                    member = %instance,
+                    transactional_id,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "fenced a departed member's transactional id: its open transaction is aborted"
+                ),
+                Err(e) => warn!(
+                    member = %instance,
+                    transactional_id,
+                    error = %e,
+                    "could not fence a departed member's transactional id: its open transaction ends with its timeout"
+                ),
+            }
+        }
+    }
 }
 
 impl StateAwareGroup {
@@ -71,9 +111,12 @@ impl StateAwareGroup {
                 node: cfg.group.node.clone(),
                 stores: stores_on_disk(state, &cfg.changelog_topic),
                 active: BTreeSet::new(),
+                members: BTreeSet::new(),
             }),
             ends: Mutex::new(ends),
             tasks: cfg.input_partitions as i32,
+            client: cfg.client.clone(),
+            application_id: cfg.application_id.clone(),
         });
         let bootstrap = client
             .get("bootstrap.servers")

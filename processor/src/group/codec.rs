@@ -36,13 +36,28 @@ pub struct Report {
     pub stores: BTreeMap<i32, i64>,
     /// The tasks it was active for in the generation it leaves.
     pub active: BTreeSet<i32>,
+    /// The members (instance ids) of the last generation it took part in, as its assignment
+    /// named them: whoever leads next learns from them which members are gone.
+    #[serde(default)]
+    pub members: BTreeSet<String>,
 }
 
-/// The standby side of a member's share (the active tasks are the assigned partitions).
+/// What a member's assignment says besides its active tasks (the assigned partitions): its
+/// standby side, and the generation's members.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct Standbys {
+struct AssignmentData {
     standby: BTreeSet<i32>,
     warm_up: BTreeSet<i32>,
+    #[serde(default)]
+    members: BTreeSet<String>,
+}
+
+/// A member's assignment as read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assigned {
+    pub share: MemberAssignment,
+    /// The generation's members (instance ids); empty under range.
+    pub members: BTreeSet<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -126,10 +141,15 @@ pub fn read_subscription(bytes: Bytes) -> Result<Report, CodecError> {
 /// The assignment bytes of one member's share: its active tasks as partitions of the tasks'
 /// topic and its route tasks as partitions of the route stage's, standbys and warm-ups in the
 /// user data.
-pub fn assignment(topics: Topics<'_>, share: &MemberAssignment) -> Bytes {
-    let standbys = Standbys {
+pub fn assignment(
+    topics: Topics<'_>,
+    share: &MemberAssignment,
+    members: &BTreeSet<String>,
+) -> Bytes {
+    let data = AssignmentData {
         standby: share.standby.clone(),
         warm_up: share.warm_up.clone(),
+        members: members.clone(),
     };
     let mut assigned = vec![
         AssignedPartitions::default()
@@ -146,7 +166,7 @@ pub fn assignment(topics: Topics<'_>, share: &MemberAssignment) -> Bytes {
     let message = ConsumerProtocolAssignment::default()
         .with_assigned_partitions(assigned)
         .with_user_data(Some(Bytes::from(
-            serde_json::to_vec(&standbys).expect("standbys serialise"),
+            serde_json::to_vec(&data).expect("assignment data serialises"),
         )));
     versioned(CONSUMER_PROTOCOL_VERSION, |buf| {
         message.encode(buf, CONSUMER_PROTOCOL_VERSION)
@@ -163,9 +183,9 @@ pub fn read_assignment(
     topics: Topics<'_>,
     protocol: &str,
     bytes: Bytes,
-) -> Result<MemberAssignment, CodecError> {
+) -> Result<Assigned, CodecError> {
     if bytes.is_empty() {
-        return Ok(MemberAssignment::default());
+        return Ok(Assigned::default());
     }
     let (mut bytes, version) = unversioned("assignment", bytes)?;
     let message = ConsumerProtocolAssignment::decode(&mut bytes, version)
@@ -184,13 +204,15 @@ pub fn read_assignment(
             ));
         }
     }
+    let mut members = BTreeSet::new();
     if let Some(user_data) = message.user_data.filter(|_| protocol == ASSIGNOR) {
-        let standbys: Standbys =
+        let data: AssignmentData =
             serde_json::from_slice(&user_data).map_err(|e| error("assignment user data", e))?;
-        share.standby = standbys.standby;
-        share.warm_up = standbys.warm_up;
+        share.standby = data.standby;
+        share.warm_up = data.warm_up;
+        members = data.members;
     }
-    Ok(share)
+    Ok(Assigned { share, members })
 }
 
 #[cfg(test)]
@@ -203,6 +225,7 @@ mod tests {
             node: Some("node-a".into()),
             stores: BTreeMap::from([(0, 120), (3, 7)]),
             active: BTreeSet::from([0]),
+            members: BTreeSet::from(["pod-a".into(), "pod-b".into()]),
         };
         let topics = Topics {
             tasks: "repartition",
@@ -218,13 +241,14 @@ mod tests {
             warm_up: BTreeSet::from([3]),
             routes: BTreeSet::from([1, 4]),
         };
+        let members = BTreeSet::from(["pod-a".to_string(), "pod-c".to_string()]);
         assert_eq!(
-            read_assignment(topics, ASSIGNOR, assignment(topics, &share)).unwrap(),
-            share
+            read_assignment(topics, ASSIGNOR, assignment(topics, &share, &members)).unwrap(),
+            Assigned { share, members }
         );
         assert_eq!(
             read_assignment(topics, ASSIGNOR, Bytes::new()).unwrap(),
-            MemberAssignment::default()
+            Assigned::default()
         );
     }
 
@@ -238,7 +262,15 @@ mod tests {
             tasks,
             routes: None,
         };
-        assert!(read_assignment(only("other"), ASSIGNOR, assignment(only("in"), &share)).is_err());
+        let members = BTreeSet::new();
+        assert!(
+            read_assignment(
+                only("other"),
+                ASSIGNOR,
+                assignment(only("in"), &share, &members)
+            )
+            .is_err()
+        );
         // Under range, user data that is not ours is no error (what librdkafka leading sends).
         let with_report = versioned(1, |buf| {
             ConsumerProtocolAssignment::default()
@@ -251,7 +283,9 @@ mod tests {
                 .encode(buf, 1)
         });
         assert_eq!(
-            read_assignment(only("in"), RANGE, with_report.clone()).unwrap(),
+            read_assignment(only("in"), RANGE, with_report.clone())
+                .unwrap()
+                .share,
             share
         );
         assert!(read_assignment(only("in"), ASSIGNOR, with_report).is_err());

@@ -20,7 +20,7 @@ mod codec;
 pub mod txn_offsets;
 mod wire;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
@@ -39,7 +39,7 @@ use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, info, warn};
 
 use crate::assignment::{self, Facts, MemberAssignment};
-pub use codec::{ASSIGNOR, RANGE, Report, Topics};
+pub use codec::{ASSIGNOR, Assigned, RANGE, Report, Topics};
 use wire::{Connection, WireError};
 
 /// How long to wait before trying again after a failed request (a rebalance is not one).
@@ -92,6 +92,9 @@ pub trait MemberState: Send + Sync + 'static {
     fn report(&self) -> Report;
     /// Every task's changelog end offset (asked when this member leads).
     fn changelog_ends(&self) -> Result<BTreeMap<i32, i64>, String>;
+    /// Members (instance ids) of the last generation that are not in this one: the leader asks
+    /// for their transactions to be ended before it hands their tasks out.
+    fn fence_departed(&self, _instance_ids: &BTreeSet<String>) {}
 }
 
 /// One generation this member takes part in.
@@ -199,6 +202,7 @@ impl Membership {
             connection: None,
             member_id: String::new(),
             generation: None,
+            last_members: BTreeSet::new(),
             probing_due: None,
         };
         let thread = std::thread::Builder::new()
@@ -253,6 +257,8 @@ struct Member {
     connection: Option<Connection>,
     member_id: String,
     generation: Option<Generation>,
+    /// The members of the last generation, as its assignment named them (reported on joining).
+    last_members: BTreeSet<String>,
     /// When the leader rebalances to move caught-up warm-ups.
     probing_due: Option<Instant>,
 }
@@ -382,7 +388,8 @@ impl Member {
     /// JoinGroup, then SyncGroup (with the assignment, when this member leads).
     fn join(&mut self) -> Result<(), Failure> {
         self.check_stop()?;
-        let report = self.state.report();
+        let mut report = self.state.report();
+        report.members = self.last_members.clone();
         let metadata = codec::subscription(self.cfg.topics(), &report);
         let request = JoinGroupRequest::default()
             .with_group_id(self.group_id())
@@ -449,14 +456,15 @@ impl Member {
         if synced.error_code != 0 {
             return Err(Failure::Retry(after_error(synced.error_code)));
         }
-        let share = match codec::read_assignment(self.cfg.topics(), protocol, synced.assignment) {
-            Ok(share) => share,
-            Err(e) => {
-                return Err(Failure::Retry(Next::Fail(format!(
-                    "the leader's assignment: {e}"
-                ))));
-            }
-        };
+        let Assigned { share, members } =
+            match codec::read_assignment(self.cfg.topics(), protocol, synced.assignment) {
+                Ok(assigned) => assigned,
+                Err(e) => {
+                    return Err(Failure::Retry(Next::Fail(format!(
+                        "the leader's assignment: {e}"
+                    ))));
+                }
+            };
         let generation = Generation {
             generation_id,
             member_id: self.member_id.clone(),
@@ -474,6 +482,7 @@ impl Member {
             "joined the group"
         );
         self.generation = Some(generation.clone());
+        self.last_members = members;
         let _ = self.events.send(GroupEvent::Assigned(generation));
         Ok(())
     }
@@ -485,6 +494,7 @@ impl Member {
     ) -> Result<Vec<SyncGroupRequestAssignment>, Failure> {
         let mut reports = Vec::new();
         let mut member_ids = BTreeMap::new();
+        let mut last_generation = BTreeSet::new();
         for m in members {
             let report = match codec::read_subscription(m.metadata.clone()) {
                 Ok(r) => r,
@@ -501,6 +511,7 @@ impl Member {
                 .as_ref()
                 .map_or_else(|| m.member_id.to_string(), |i| i.to_string());
             member_ids.insert(id.clone(), m.member_id.to_string());
+            last_generation.extend(report.members);
             reports.push(assignment::Member {
                 id,
                 node: report.node,
@@ -524,13 +535,18 @@ impl Member {
         self.probing_due = decided
             .probing_rebalance
             .then(|| Instant::now() + self.cfg.probing_rebalance_interval);
+        let members: BTreeSet<String> = member_ids.keys().cloned().collect();
+        let departed: BTreeSet<String> = last_generation.difference(&members).cloned().collect();
+        if !departed.is_empty() {
+            self.state.fence_departed(&departed);
+        }
         Ok(decided
             .members
             .iter()
             .map(|(id, share)| {
                 SyncGroupRequestAssignment::default()
                     .with_member_id(StrBytes::from_string(member_ids[id].clone()))
-                    .with_assignment(codec::assignment(self.cfg.topics(), share))
+                    .with_assignment(codec::assignment(self.cfg.topics(), share, &members))
             })
             .collect())
     }
@@ -547,7 +563,12 @@ impl Member {
             .map(|(id, share)| {
                 SyncGroupRequestAssignment::default()
                     .with_member_id(StrBytes::from_string(id.clone()))
-                    .with_assignment(codec::assignment(self.cfg.topics(), share))
+                    // Members ignore the user data under range.
+                    .with_assignment(codec::assignment(
+                        self.cfg.topics(),
+                        share,
+                        &BTreeSet::new(),
+                    ))
             })
             .collect()
     }
@@ -633,6 +654,8 @@ impl Member {
 pub struct SharedState {
     pub report: Mutex<Report>,
     pub changelog_ends: Mutex<BTreeMap<i32, i64>>,
+    /// The departed members this member was asked to fence, in order.
+    pub fenced: Mutex<Vec<BTreeSet<String>>>,
 }
 
 impl MemberState for SharedState {
@@ -641,6 +664,9 @@ impl MemberState for SharedState {
     }
     fn changelog_ends(&self) -> Result<BTreeMap<i32, i64>, String> {
         Ok(self.changelog_ends.lock().unwrap().clone())
+    }
+    fn fence_departed(&self, instance_ids: &BTreeSet<String>) {
+        self.fenced.lock().unwrap().push(instance_ids.clone());
     }
 }
 
