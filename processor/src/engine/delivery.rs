@@ -1,9 +1,8 @@
-//! The producer's delivery reports, of failures only (`delivery.report.only.error`): which
-//! records Kafka refused, with the input record each came from so a failure is charged to the
-//! record that caused it. A report per delivered record cost about a third of the processing
-//! thread; the changelog offsets the store records are counted instead (see
-//! `Engine::commit`).
+//! The producer's delivery reports: which changelog offsets the open transaction's store
+//! records got (the store records them with the data), and which records Kafka refused, with
+//! the input record each came from so a failure is charged to the record that caused it.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -29,42 +28,33 @@ pub struct ProduceError {
     pub origin: Option<Origin>,
 }
 
-/// The origins of the records sent since the open transaction began, by a number that grows
-/// over the producer's life: a record's delivery opaque is its number, so that a report
-/// arriving after its transaction ended finds no origin rather than another record's.
-#[derive(Default)]
-struct Origins {
-    /// The number of `sent[0]`.
-    first: usize,
-    sent: Vec<Origin>,
-}
-
 /// Producer callbacks.
 #[derive(Default)]
 pub struct DeliveryTracker {
-    origins: Mutex<Origins>,
+    changelog_topic: String,
+    /// Changelog partition → highest offset delivered in the open transaction.
+    changelog_offsets: Mutex<HashMap<i32, i64>>,
     failures: Mutex<Vec<ProduceError>>,
 }
 
 impl DeliveryTracker {
-    /// Remembers where a record about to be sent comes from; its number is the record's
-    /// delivery opaque.
-    pub fn track(&self, origin: Origin) -> usize {
-        let mut origins = self.origins.lock().unwrap();
-        origins.sent.push(origin);
-        origins.first + origins.sent.len() - 1
+    pub fn new(changelog_topic: &str) -> Self {
+        DeliveryTracker {
+            changelog_topic: changelog_topic.to_string(),
+            ..Default::default()
+        }
+    }
+
+    pub fn take_offsets(&self) -> HashMap<i32, i64> {
+        std::mem::take(&mut self.changelog_offsets.lock().unwrap())
     }
 
     pub fn take_failures(&self) -> Vec<ProduceError> {
         std::mem::take(&mut self.failures.lock().unwrap())
     }
 
-    /// The transaction ended (committed or aborted): forgets its records and their failures.
     pub fn clear(&self) {
-        let mut origins = self.origins.lock().unwrap();
-        origins.first += origins.sent.len();
-        origins.sent.clear();
-        drop(origins);
+        self.changelog_offsets.lock().unwrap().clear();
         self.failures.lock().unwrap().clear();
     }
 }
@@ -72,24 +62,23 @@ impl DeliveryTracker {
 impl ClientContext for DeliveryTracker {}
 
 impl ProducerContext for DeliveryTracker {
-    type DeliveryOpaque = usize;
+    type DeliveryOpaque = Box<Origin>;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, number: usize) {
-        let Err((e, m)) = result else {
-            return;
-        };
-        let origin = {
-            let origins = self.origins.lock().unwrap();
-            number
-                .checked_sub(origins.first)
-                .and_then(|i| origins.sent.get(i).copied())
-        };
-        self.failures.lock().unwrap().push(ProduceError {
-            topic: m.topic().to_string(),
-            code: e.rdkafka_error_code(),
-            message: format!("delivery to {} failed: {e}", m.topic()),
-            origin,
-        });
+    fn delivery(&self, result: &DeliveryResult<'_>, origin: Box<Origin>) {
+        match result {
+            Ok(m) if m.topic() == self.changelog_topic => {
+                let mut offsets = self.changelog_offsets.lock().unwrap();
+                let e = offsets.entry(m.partition()).or_insert(m.offset());
+                *e = (*e).max(m.offset());
+            }
+            Ok(_) => {}
+            Err((e, m)) => self.failures.lock().unwrap().push(ProduceError {
+                topic: m.topic().to_string(),
+                code: e.rdkafka_error_code(),
+                message: format!("delivery to {} failed: {e}", m.topic()),
+                origin: Some(*origin),
+            }),
+        }
     }
 }
 

@@ -33,7 +33,6 @@
 //! - [`delivery`]: the producer's delivery reports;
 //! - [`verification`]: background checksum scans of the stores and what they find.
 
-mod changelog_position;
 mod delivery;
 mod membership;
 mod processing;
@@ -67,7 +66,6 @@ use crate::shared::{DrainOutcome, Shared};
 use crate::state_updater::StateUpdater;
 use crate::store::{SharedMemory, Staged, TaskStore, Verifier};
 
-use changelog_position::ChangelogPosition;
 pub use delivery::{DeliveryTracker, Origin, await_deliveries};
 pub use membership::{GroupConsumer, GroupContext};
 
@@ -191,8 +189,6 @@ struct Task {
     /// Which store is open for the task ([`TaskStore::id`]), wherever it is.
     store_id: Option<u64>,
     staged: Staged,
-    /// Where its records land in its changelog partition, at the earliest.
-    changelog: ChangelogPosition,
     /// Next input offset to process (the consumer position as the engine sees it).
     position: Option<i64>,
     /// Next input offset as of the last committed transaction.
@@ -216,7 +212,6 @@ impl Task {
             store: None,
             store_id: None,
             staged: Staged::default(),
-            changelog: ChangelogPosition::default(),
             position: None,
             committed: None,
             dirty: false,

@@ -313,10 +313,6 @@ impl Engine {
             },
             origin,
         )?;
-        // Counted once Kafka has it: the commit derives the store's changelog offset from it.
-        if let Some(task) = self.tasks.get_mut(&p) {
-            task.staged.changelog_records += 1;
-        }
         // The downstream `enrich` stage: the place where a failure after the put would leave
         // an aborted write in a store that applied writes eagerly.
         if self.faults.after_put(record.header(FAULT_HEADER)).is_err() {
@@ -429,9 +425,8 @@ impl Engine {
 
     pub(super) fn send(&mut self, out: Outgoing<'_>, origin: Origin) -> Result<(), RecordError> {
         let topic = out.topic;
-        let number = self.producer.context().track(origin);
-        let mut record: BaseRecord<'_, [u8], [u8], usize> =
-            BaseRecord::with_opaque_to(topic, number).headers(out.headers);
+        let mut record: BaseRecord<'_, [u8], [u8], Box<Origin>> =
+            BaseRecord::with_opaque_to(topic, Box::new(origin)).headers(out.headers);
         if let Some(p) = out.partition {
             record = record.partition(p);
         }

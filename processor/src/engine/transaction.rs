@@ -43,9 +43,7 @@ pub(super) fn new_producer(
     let producer: BaseProducer<DeliveryTracker> = client
         .set("transactional.id", cfg.transactional_id())
         .set("enable.idempotence", "true")
-        // Reports of failures only: what the tracker needs (see delivery.rs).
-        .set("delivery.report.only.error", "true")
-        .create_with_context(DeliveryTracker::default())
+        .create_with_context(DeliveryTracker::new(&cfg.changelog_topic))
         .map_err(|e| EngineError::Fatal(format!("creating the producer: {e}")))?;
     retry_txn(shared, || producer.init_transactions(TXN_CALL_TIMEOUT)).map_err(|e| {
         match classify_txn(&TxnErrorFacts::of(&e), None, cfg.transaction_timeout()) {
@@ -213,16 +211,11 @@ impl Engine {
         self.metrics.transactions_committed.inc();
         self.transient_aborts = 0;
         self.faults.after_commit();
-        self.producer.context().clear();
         // Committed: now, and only now, the staged writes reach the stores.
+        let changelog_offsets = self.producer.context().take_offsets();
         let mut failed = Vec::new();
         for task in self.tasks.values_mut().filter(|t| t.dirty) {
-            if let Some(store) = &task.store {
-                task.staged.changelog_offset = task.changelog.committed(
-                    store.meta().changelog_offset,
-                    std::mem::take(&mut task.staged.changelog_records),
-                );
-            }
+            task.staged.changelog_offset = changelog_offsets.get(&task.partition).map(|o| o + 1);
             if task.staged.changelog_offset.is_some() {
                 task.at_commit_marker = true;
             }
@@ -438,15 +431,17 @@ impl Engine {
         let timeout = self.cfg.transaction_timeout();
         let fail = |e: &KafkaError| classify_txn(&TxnErrorFacts::of(e), None, timeout);
         self.producer.begin_transaction().map_err(|e| fail(&e))?;
-        let number = self.producer.context().track(super::Origin {
-            stage: super::Stage::Dedup,
-            partition: -1,
-            offset: -1,
-        });
-        let record: rdkafka::producer::BaseRecord<'_, [u8], [u8], usize> =
-            rdkafka::producer::BaseRecord::with_opaque_to(&self.cfg.changelog_topic, number)
-                .partition(0)
-                .key(b"streamapp.fence-probe".as_slice());
+        let record: rdkafka::producer::BaseRecord<'_, [u8], [u8], Box<super::Origin>> =
+            rdkafka::producer::BaseRecord::with_opaque_to(
+                &self.cfg.changelog_topic,
+                Box::new(super::Origin {
+                    stage: super::Stage::Dedup,
+                    partition: -1,
+                    offset: -1,
+                }),
+            )
+            .partition(0)
+            .key(b"streamapp.fence-probe".as_slice());
         if let Err((e, _)) = self.producer.send(record) {
             let _ = self.producer.abort_transaction(TXN_CALL_TIMEOUT);
             return Err(fail(&e));

@@ -110,9 +110,6 @@ pub struct Staged {
     pub input_offset: Option<i64>,
     /// Largest record time among these.
     pub stream_time: Option<i64>,
-    /// Records of this transaction sent to the task's changelog partition: the engine derives
-    /// `changelog_offset` from the count at the commit. Not part of what the store applies.
-    pub changelog_records: i64,
 }
 
 impl Staged {
