@@ -5,25 +5,19 @@
 //! costs. Both systems use the same group session timeout, which is how long the group takes to
 //! notice the loss; the rest is the takeover.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{BaseProducer, Producer};
 use testbed::kafka;
 
 use crate::Settings;
 use crate::common::*;
+use crate::recovery::CrashTraffic;
 use crate::systems::App;
 
 /// The group session timeout of both systems in this phase (the broker's smallest allowed).
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
 /// The two instances (pods); the first is the one killed.
 const INSTANCES: [&str; 2] = ["bench-a", "bench-b"];
-/// New records sent right after the kill.
-const PROBES: u64 = 1_000;
-/// Live traffic before the kill, so that it lands mid-transaction.
-const LIVE_RATE: u64 = 1_000;
-const LIVE_FOR: Duration = Duration::from_secs(3);
 
 /// What losing one of two instances cost a system.
 #[derive(Clone, Copy, Default)]
@@ -71,33 +65,12 @@ pub fn fail_over(
     );
     let restored_before = app.restored(&survivor);
 
-    let producer: BaseProducer = kafka::client_config()
-        .set("linger.ms", "1")
-        .create()
-        .expect("producer");
-    let mut ids: HashSet<Vec<u8>> = loaded.ids.clone();
-    let mut live = Workload::with(0.0, "live").keyed(keying);
-    let sent = send_paced(
-        &producer,
-        &app.input,
-        &mut live,
-        LIVE_RATE,
-        LIVE_FOR,
-        |id| {
-            ids.insert(id.into_bytes());
-        },
-    );
+    let mut traffic = CrashTraffic::new(&app.input, loaded, keying);
+    let sent = traffic.live();
     lost.kill9();
     let killed = Instant::now();
-    let mut after = Workload::with(0.0, "after").keyed(keying);
-    for _ in 0..PROBES {
-        let record = after.next(now_us());
-        send(&producer, &app.input, &record);
-        ids.insert(record.id.into_bytes());
-    }
-    producer.flush(Duration::from_secs(30)).expect("flush");
-    let total = loaded.records + sent + PROBES;
-    survivor.wait_done(&watcher, total);
+    traffic.after();
+    survivor.wait_done(&watcher, traffic.records);
     let failover = Failover {
         caught_up_s: killed.elapsed().as_secs_f64(),
         restored: app.restored(&survivor).saturating_sub(restored_before),
@@ -110,13 +83,7 @@ pub fn fail_over(
         failover.caught_up_s,
         failover.restored
     );
-    let expected = Dataset {
-        records: total,
-        distinct: total,
-        value_bytes: 0,
-        ids,
-    };
-    let ok = app.check(&format!("  {name} (across the failover)"), &expected);
+    let ok = app.check(&format!("  {name} (across the failover)"), &traffic.sent());
     if !ok && app.peer == crate::systems::Peer::Streamapp {
         let dead_letters = kafka::read_all(
             &format!("{}-dlq", app.id),

@@ -570,24 +570,8 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
 }
 
 fn table(m: &Measured, settings: &Settings) -> Table {
-    let throughput = |f: fn(&Throughput) -> f64| {
-        move |peer: Peer| -> Vec<f64> {
-            m.throughput
-                .iter()
-                .filter(|(p, _)| *p == peer)
-                .map(|(_, t)| f(t))
-                .collect()
-        }
-    };
-    let latency = |f: fn(&Latency) -> f64| {
-        move |peer: Peer| -> Vec<f64> {
-            m.latency
-                .iter()
-                .filter(|(p, _)| *p == peer)
-                .map(|(_, l)| f(l))
-                .collect()
-        }
-    };
+    let throughput = |f: fn(&Throughput) -> f64| per_peer(&m.throughput, f);
+    let latency = |f: fn(&Latency) -> f64| per_peer(&m.latency, f);
     let pct = settings.latency_percent;
     let mut rows = vec![
         Row::new(
@@ -647,14 +631,7 @@ fn table(m: &Measured, settings: &Settings) -> Table {
     ];
     for (keys, runs) in &m.recoveries {
         let keys = format_keys(*keys);
-        let recovery = |f: fn(&Recovery) -> f64| {
-            move |peer: Peer| -> Vec<f64> {
-                runs.iter()
-                    .filter(|(p, _)| *p == peer)
-                    .map(|(_, r)| f(r))
-                    .collect()
-            }
-        };
+        let recovery = |f: fn(&Recovery) -> f64| per_peer(runs, f);
         rows.push(Row::new(
             format!("recovery {keys} keys: load"),
             "s",
@@ -691,14 +668,7 @@ fn table(m: &Measured, settings: &Settings) -> Table {
             format_keys(*keys),
             failover::describe(*standby_replicas)
         );
-        let failover = |f: fn(&Failover) -> f64| {
-            move |peer: Peer| -> Vec<f64> {
-                runs.iter()
-                    .filter(|(p, _)| *p == peer)
-                    .map(|(_, r)| f(r))
-                    .collect()
-            }
-        };
+        let failover = |f: fn(&Failover) -> f64| per_peer(runs, f);
         rows.push(Row::new(
             format!("{label}: caught up"),
             "s",
@@ -713,4 +683,14 @@ fn table(m: &Measured, settings: &Settings) -> Table {
         ));
     }
     Table { rows }
+}
+
+/// A row's figures: per system, `f` of each of its runs.
+fn per_peer<T>(runs: &[(Peer, T)], f: fn(&T) -> f64) -> impl Fn(Peer) -> Vec<f64> + '_ {
+    move |peer| {
+        runs.iter()
+            .filter(|(p, _)| *p == peer)
+            .map(|(_, run)| f(run))
+            .collect()
+    }
 }

@@ -12,11 +12,78 @@ use crate::Settings;
 use crate::common::*;
 use crate::systems::App;
 
-/// New records sent while a system is down after its crash.
+/// New records sent right after a crash.
 const PROBES: u64 = 1_000;
 /// Live traffic before the kill.
 const LIVE_RATE: u64 = 1_000;
 const LIVE_FOR: Duration = Duration::from_secs(3);
+
+/// The input around a crash: live records before the kill, new ones after it, and every id
+/// the system has been sent.
+pub struct CrashTraffic {
+    producer: BaseProducer,
+    input: String,
+    keying: Keying,
+    ids: HashSet<Vec<u8>>,
+    /// Records sent in all, the loaded ones included.
+    pub records: u64,
+}
+
+impl CrashTraffic {
+    pub fn new(input: &str, loaded: &Dataset, keying: Keying) -> Self {
+        CrashTraffic {
+            producer: kafka::client_config()
+                .set("linger.ms", "1")
+                .create()
+                .expect("producer"),
+            input: input.into(),
+            keying,
+            ids: loaded.ids.clone(),
+            records: loaded.records,
+        }
+    }
+
+    /// New ids at a steady rate for a few seconds, so that a kill right after lands in the
+    /// middle of a transaction. Returns how many.
+    pub fn live(&mut self) -> u64 {
+        let mut live = Workload::with(0.0, "live").keyed(self.keying);
+        let ids = &mut self.ids;
+        let sent = send_paced(
+            &self.producer,
+            &self.input,
+            &mut live,
+            LIVE_RATE,
+            LIVE_FOR,
+            |id| {
+                ids.insert(id.into_bytes());
+            },
+        );
+        self.records += sent;
+        sent
+    }
+
+    /// New ids sent after the kill, everything flushed.
+    pub fn after(&mut self) {
+        let mut after = Workload::with(0.0, "after").keyed(self.keying);
+        for _ in 0..PROBES {
+            let record = after.next(now_us());
+            send(&self.producer, &self.input, &record);
+            self.ids.insert(record.id.into_bytes());
+        }
+        self.producer.flush(Duration::from_secs(30)).expect("flush");
+        self.records += PROBES;
+    }
+
+    /// What the system was sent: every id once.
+    pub fn sent(self) -> Dataset {
+        Dataset {
+            records: self.records,
+            distinct: self.records,
+            value_bytes: 0,
+            ids: self.ids,
+        }
+    }
+}
 
 /// What a recovery after kill -9 cost one system.
 #[derive(Clone, Copy, Default)]
@@ -46,34 +113,11 @@ pub fn recover(
     println!("  {name}: {} keys loaded in {load_s:.1} s", loaded.records);
 
     // Live traffic, so that the kill lands mid-transaction with uncommitted store writes.
-    let producer: BaseProducer = kafka::client_config()
-        .set("linger.ms", "1")
-        .create()
-        .expect("producer");
-    let mut ids: HashSet<Vec<u8>> = loaded.ids.clone();
-    let mut live = Workload::with(0.0, "live").keyed(keying);
-    let sent = send_paced(
-        &producer,
-        &app.input,
-        &mut live,
-        LIVE_RATE,
-        LIVE_FOR,
-        |id| {
-            ids.insert(id.into_bytes());
-        },
-    );
+    let mut traffic = CrashTraffic::new(&app.input, loaded, keying);
+    let sent = traffic.live();
     system.kill9();
-    producer.flush(Duration::from_secs(30)).expect("flush");
-
     // While it is down, new records arrive; output from here on is new output.
-    let mut after = Workload::with(0.0, "after").keyed(keying);
-    for _ in 0..PROBES {
-        let record = after.next(now_us());
-        send(&producer, &app.input, &record);
-        ids.insert(record.id.into_bytes());
-    }
-    producer.flush(Duration::from_secs(30)).expect("flush");
-    let total = loaded.records + sent + PROBES;
+    traffic.after();
     let receiver = Receiver::start(&app.output, Some(&end_offsets(&app.output)));
 
     let restarted = Instant::now();
@@ -91,7 +135,7 @@ pub fn recover(
         std::thread::sleep(Duration::from_millis(5));
     }
     let first_output_s = restarted.elapsed().as_secs_f64();
-    system.wait_done(&watcher, total);
+    system.wait_done(&watcher, traffic.records);
     let recovery = Recovery {
         load_s,
         first_output_s,
@@ -104,12 +148,6 @@ pub fn recover(
         "  {name}: after kill -9 ({sent} live records in flight): first new committed output {:.2} s after the restart, caught up after {:.2} s, {} changelog records restored",
         recovery.first_output_s, recovery.caught_up_s, recovery.restored
     );
-    let expected = Dataset {
-        records: total,
-        distinct: total,
-        value_bytes: 0,
-        ids,
-    };
-    let ok = app.check(&format!("  {name} (across the crash)"), &expected);
+    let ok = app.check(&format!("  {name} (across the crash)"), &traffic.sent());
     (recovery, ok)
 }
