@@ -663,8 +663,9 @@ fn table(m: &Measured, settings: &Settings) -> Table {
         runs,
     } in &m.failovers
     {
+        // No comma: the label is a CSV field too.
         let label = format!(
-            "failover {} keys, {}",
+            "failover {} keys with {}",
             format_keys(*keys),
             failover::describe(*standby_replicas)
         );

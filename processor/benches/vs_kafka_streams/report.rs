@@ -277,7 +277,7 @@ impl Table {
                 Better::Lower => "false",
                 Better::Neither => "none",
             };
-            let _ = write!(csv, "{},{},{better}", row.metric, row.unit);
+            let _ = write!(csv, "{},{},{better}", csv_field(&row.metric), row.unit);
             for v in &row.values {
                 let _ = write!(
                     csv,
@@ -303,6 +303,15 @@ impl Table {
             std::fs::create_dir_all(dir).expect("CSV folder");
         }
         std::fs::write(path, csv).expect("writing the CSV");
+    }
+}
+
+/// A CSV field: quoted when it holds a comma or a quote (RFC 4180).
+fn csv_field(text: &str) -> String {
+    if text.contains([',', '"']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_string()
     }
 }
 
