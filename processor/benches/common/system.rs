@@ -345,10 +345,15 @@ fn past_last_records(topic: &str) -> Vec<u64> {
         )
     };
     // The last stable offsets, from the statistics of a read_committed consumer at the end.
-    let stable: BaseConsumer<StableOffsets> = kafka::client_config()
-        .set("group.id", "bench-tail-reader")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
+    let reader = || {
+        let mut config = kafka::client_config();
+        config
+            .set("group.id", "bench-tail-reader")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed");
+        config
+    };
+    let stable: BaseConsumer<StableOffsets> = reader()
         .set("statistics.interval.ms", "100")
         .create_with_context(StableOffsets::default())
         .expect("last stable offset reader");
@@ -368,11 +373,8 @@ fn past_last_records(topic: &str) -> Vec<u64> {
     // Every record below the end is now committed or aborted: read up to the end, from the
     // window's start or the log's, whichever is later (a system may have deleted the records
     // it consumed, as both do with their repartition topics).
-    let tail: BaseConsumer = kafka::client_config()
-        .set("group.id", "bench-tail-reader")
-        .set("enable.auto.commit", "false")
+    let tail: BaseConsumer = reader()
         .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed")
         // Deleted meanwhile: from the log's new start.
         .set("auto.offset.reset", "earliest")
         .create()

@@ -466,35 +466,22 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                 settings.runs
             );
             for peer in settings.order(Peer::RECOVERED, r) {
-                // An input of its own per system (the same records each time): the live
-                // traffic and the records sent during one system's crash must not reach the
-                // next system.
                 let id = format!("{run}-rec{keys}-{r}-{}", peer.name());
-                let input = format!("{id}-in");
-                topics.create(&[&input]);
-                let loaded = produce_dataset(
-                    &input,
-                    keys,
-                    Workload::with(0.0, "key").keyed(settings.keying),
-                    RecordTime::Now,
-                );
                 // The full hour: nothing expires while the ids load.
-                let app = App::create(
+                let options = settings.options(RETENTION);
+                let (app, loaded) = loaded_app(
                     topics,
                     work.path(),
                     peer,
                     &id,
-                    &input,
-                    &settings.options(RETENTION),
+                    keys,
+                    settings.keying,
+                    &options,
                 );
                 let (recovery, ok) = recover(settings, &app, &loaded, settings.keying);
                 correct &= ok;
                 row.push((peer, recovery));
-                // A wrong output keeps its topics and state to look into.
-                if ok {
-                    app.remove(topics);
-                    topics.delete(&[input]);
-                }
+                remove_unless_wrong(topics, &app, ok);
             }
         }
         measured.recoveries.push((keys, row));
@@ -517,28 +504,25 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                 );
                 for peer in settings.order(Peer::FAILED_OVER, r) {
                     let id = format!("{run}-fo{keys}-{standby_replicas}-{r}-{}", peer.name());
-                    let input = format!("{id}-in");
-                    topics.create(&[&input]);
-                    let loaded = produce_dataset(
-                        &input,
-                        keys,
-                        Workload::with(0.0, "key").keyed(settings.keying),
-                        RecordTime::Now,
-                    );
                     let options = AppOptions {
                         standby_replicas,
                         session_timeout: Some(failover::SESSION_TIMEOUT),
                         ..settings.options(RETENTION)
                     };
-                    let app = App::create(topics, work.path(), peer, &id, &input, &options);
+                    let (app, loaded) = loaded_app(
+                        topics,
+                        work.path(),
+                        peer,
+                        &id,
+                        keys,
+                        settings.keying,
+                        &options,
+                    );
                     let (figures, ok) =
                         fail_over(settings, &app, standby_replicas, &loaded, settings.keying);
                     correct &= ok;
                     row.push((peer, figures));
-                    if ok {
-                        app.remove(topics);
-                        topics.delete(&[input]);
-                    }
+                    remove_unless_wrong(topics, &app, ok);
                 }
             }
             measured.failovers.push(FailoverRuns {
@@ -567,6 +551,38 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         let _ = std::fs::remove_dir_all(work.path());
     }
     passed
+}
+
+/// A new application `id` of `peer` on an input of its own holding `keys` distinct ids (the
+/// same records each time: the live traffic and the records sent during one system's crash must
+/// not reach the next system), keyed by `keying`.
+fn loaded_app(
+    topics: &mut Topics<'_>,
+    work: &Path,
+    peer: Peer,
+    id: &str,
+    keys: u64,
+    keying: Keying,
+    options: &AppOptions,
+) -> (App, Dataset) {
+    let input = format!("{id}-in");
+    topics.create(&[&input]);
+    let loaded = produce_dataset(
+        &input,
+        keys,
+        Workload::with(0.0, "key").keyed(keying),
+        RecordTime::Now,
+    );
+    (App::create(topics, work, peer, id, &input, options), loaded)
+}
+
+/// Deletes an application's topics, its input and its state, unless its output was wrong: then
+/// they are kept to look into.
+fn remove_unless_wrong(topics: &mut Topics<'_>, app: &App, ok: bool) {
+    if ok {
+        app.remove(topics);
+        topics.delete(std::slice::from_ref(&app.input));
+    }
 }
 
 fn table(m: &Measured, settings: &Settings) -> Table {

@@ -65,8 +65,8 @@ impl MemberState for EngineReport {
     /// aborts the transaction it left open (`InitProducerId` bumps the epoch and completes it)
     /// instead of leaving it to the coordinator's `transaction.timeout.ms`: until then no
     /// read_committed reader gets past it, in the changelog, the repartition topic or the
-    /// outputs. A departed member that was only slow is fenced, as it would be by its
-    /// successor's commits anyway, and starts again.
+    /// outputs. A departed member that was only stalled finds its producer fenced and exits
+    /// (Kubernetes starts it again); its tasks had moved on anyway.
     fn fence_departed(&self, instance_ids: &BTreeSet<String>) {
         for instance in instance_ids {
             let transactional_id = super::transactional_id(&self.application_id, instance);
