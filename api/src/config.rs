@@ -176,6 +176,13 @@ pub struct RocksDbTuning {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
     pub memtable_budget: Option<String>,
+    /// With `standbyReplicas`: the part of `memtableBudget` kept for the stores of standby
+    /// and warm-up tasks (quantity; default a quarter of it). Their memtables count against
+    /// this part only, so a standby catching up can never stall an active store's writes;
+    /// active stores get the rest. Without standbys the whole budget is the active stores'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
+    pub standby_memtable_budget: Option<String>,
     /// SST data block size (quantity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
@@ -304,6 +311,9 @@ pub struct ResolvedRocksDb {
     pub write_buffer_bytes: u64,
     pub max_write_buffer_number: i32,
     pub memtable_budget_bytes: u64,
+    /// The part of `memtable_budget_bytes` kept for standby and warm-up stores when the
+    /// processor has standbys ([`ResolvedRocksDb::memtable_budgets`]).
+    pub standby_memtable_budget_bytes: u64,
     pub block_size_bytes: u64,
     pub bloom_filter_bits_per_key: i32,
     pub compression: Compression,
@@ -332,6 +342,7 @@ impl ResolvedRocksDb {
             write_buffer_bytes: 16 * MI,
             max_write_buffer_number: 3,
             memtable_budget_bytes: 128 * MI,
+            standby_memtable_budget_bytes: 128 * MI / 4,
             block_size_bytes: 4 * 1024,
             bloom_filter_bits_per_key: 10,
             compression: Compression::None,
@@ -353,6 +364,7 @@ impl ResolvedRocksDb {
                 write_buffer_bytes: 4 * MI,
                 max_write_buffer_number: 2,
                 memtable_budget_bytes: 32 * MI,
+                standby_memtable_budget_bytes: 32 * MI / 4,
                 compression: Compression::Lz4,
                 max_background_jobs: 1,
                 wal_max_total_bytes: 16 * MI,
@@ -363,6 +375,7 @@ impl ResolvedRocksDb {
                 write_buffer_bytes: 64 * MI,
                 max_write_buffer_number: 4,
                 memtable_budget_bytes: 512 * MI,
+                standby_memtable_budget_bytes: 512 * MI / 4,
                 block_size_bytes: 16 * 1024,
                 compression: Compression::Lz4,
                 max_background_jobs: 4,
@@ -383,6 +396,20 @@ impl ResolvedRocksDb {
     /// memory limit against this.
     pub fn container_memory_bytes(&self) -> u64 {
         self.rocksdb_memory_bytes() + PROCESS_OVERHEAD_BYTES
+    }
+
+    /// How the memtable budget is split: (active stores, standby and warm-up stores). With
+    /// standbys the standby part is kept apart, so their catching up never stalls an active
+    /// store's writes; the two parts add up to the budget, so the pod's memory stays the same.
+    pub fn memtable_budgets(&self, standbys: bool) -> (u64, u64) {
+        if standbys {
+            (
+                self.memtable_budget_bytes - self.standby_memtable_budget_bytes,
+                self.standby_memtable_budget_bytes,
+            )
+        } else {
+            (self.memtable_budget_bytes, 0)
+        }
     }
 }
 
@@ -415,6 +442,12 @@ impl RocksDbTuning {
             "rocksdb.memtableBudget",
             &self.memtable_budget,
             &mut r.memtable_budget_bytes,
+        )?;
+        r.standby_memtable_budget_bytes = r.memtable_budget_bytes / 4;
+        q(
+            "rocksdb.standbyMemtableBudget",
+            &self.standby_memtable_budget,
+            &mut r.standby_memtable_budget_bytes,
         )?;
         if let Some(n) = self.max_write_buffer_number {
             r.max_write_buffer_number = n;
@@ -514,6 +547,14 @@ impl RocksDbTuning {
             return Err(ConfigError::field(
                 "rocksdb.memtableBudget",
                 "must be at least rocksdb.writeBufferSize",
+            ));
+        }
+        if r.standby_memtable_budget_bytes == 0
+            || r.standby_memtable_budget_bytes >= r.memtable_budget_bytes
+        {
+            return Err(ConfigError::field(
+                "rocksdb.standbyMemtableBudget",
+                "must be more than 0 and less than rocksdb.memtableBudget (it is a part of it)",
             ));
         }
         Ok(r)
@@ -1205,6 +1246,39 @@ mod tests {
         assert_eq!(r.block_cache_bytes, 8 << 20);
         assert_eq!(r.write_buffer_bytes, 4 << 20, "from the LowMemory profile");
         assert_eq!(r.rocksdb_memory_bytes(), (8 << 20) + (32 << 20));
+    }
+
+    #[test]
+    fn standbys_get_a_part_of_the_memtable_budget_not_more_memory() {
+        let tuning = RocksDbTuning {
+            memtable_budget: Some("64Mi".into()),
+            ..Default::default()
+        };
+        let r = tuning.resolve().unwrap();
+        assert_eq!(r.memtable_budgets(false), (64 << 20, 0));
+        assert_eq!(
+            r.memtable_budgets(true),
+            (48 << 20, 16 << 20),
+            "a quarter of the budget set, not of the profile's"
+        );
+        assert_eq!(r.rocksdb_memory_bytes(), r.block_cache_bytes + (64 << 20));
+
+        let tuning = RocksDbTuning {
+            standby_memtable_budget: Some("100Mi".into()),
+            ..Default::default()
+        };
+        let r = tuning.resolve().unwrap();
+        assert_eq!(r.memtable_budgets(true), (28 << 20, 100 << 20));
+
+        let tuning = RocksDbTuning {
+            standby_memtable_budget: Some("128Mi".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            tuning.resolve().unwrap_err().field,
+            "rocksdb.standbyMemtableBudget",
+            "the whole budget leaves nothing to the active stores"
+        );
     }
 
     #[test]

@@ -32,6 +32,12 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+/// `active` or `standby`: whose RocksDB memtable budget.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabel {
+    pub role: String,
+}
+
 /// Every metric the processor exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -60,6 +66,9 @@ pub struct Metrics {
     /// Per standby or warm-up copy: changelog records it has not applied yet.
     pub standby_lag: Family<PartitionLabel, Gauge>,
     pub store_verifications: Family<OutcomeLabel, Counter>,
+    /// Memtable bytes counted against each budget (active stores, standby and warm-up ones).
+    pub memtable_bytes: Family<RoleLabel, Gauge>,
+    pub memtable_budget_bytes: Family<RoleLabel, Gauge>,
 }
 
 impl Metrics {
@@ -86,6 +95,8 @@ impl Metrics {
             stage_lag: Family::default(),
             standby_lag: Family::default(),
             store_verifications: Family::default(),
+            memtable_bytes: Family::default(),
+            memtable_budget_bytes: Family::default(),
             transaction_timeouts: Counter::default(),
             records_repartitioned: Counter::default(),
             miskeyed_records: Counter::default(),
@@ -145,6 +156,16 @@ impl Metrics {
             "standby_lag",
             "Changelog records a standby (or warm-up) copy of the partition's store has not applied yet",
             m.standby_lag.clone(),
+        );
+        r.register(
+            "memtable_bytes",
+            "RocksDB memtable bytes of all stores of the process, by budget (active, standby)",
+            m.memtable_bytes.clone(),
+        );
+        r.register(
+            "memtable_budget_bytes",
+            "The memtable budget of the process's stores, by role (active, standby): writers stall rather than exceed it",
+            m.memtable_budget_bytes.clone(),
         );
         r.register(
             "quarantines",
@@ -230,6 +251,10 @@ impl Metrics {
         PartitionLabel {
             partition: p.to_string(),
         }
+    }
+
+    pub fn role(role: &str) -> RoleLabel {
+        RoleLabel { role: role.into() }
     }
 
     pub fn kind(kind: impl std::fmt::Debug) -> KindLabel {

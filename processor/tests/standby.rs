@@ -28,7 +28,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use streamapp_api::config::{ResolvedRocksDb, RocksDbProfile};
 use streamapp_api::health::{ProcessorHealth, TaskState};
 use streamapp_processor::state_updater::{StateUpdater, Update};
-use streamapp_processor::store::{ChangelogIdentity, SharedMemory, TaskStore, Window};
+use streamapp_processor::store::{ChangelogIdentity, MemoryRole, SharedMemory, TaskStore, Window};
 use testbed::kafka;
 
 const PARTITIONS: i32 = 2;
@@ -40,7 +40,8 @@ fn open_store(dir: &Path, topic: &str, partition: i32) -> TaskStore {
         dir,
         None,
         &tuning,
-        &SharedMemory::new(&tuning),
+        &SharedMemory::new(&tuning, true),
+        MemoryRole::Standby,
         Window {
             retention: Duration::from_secs(24 * 3600),
             max_skew: Duration::from_secs(24 * 3600),
@@ -361,6 +362,13 @@ async fn a_lost_pods_tasks_go_to_the_holders_of_their_standbys_which_replay_only
         let series = format!("streamapp_processor_standby_lag{{partition=\"{p}\"}}");
         assert_eq!(b.metric(&series), Some(0.0), "{series}");
     }
+    // pod-b's standby copies have memtables of their own budget, apart from its active ones.
+    const STANDBY_MEMTABLES: &str = "streamapp_processor_memtable_bytes{role=\"standby\"}";
+    const ACTIVE_MEMTABLES: &str = "streamapp_processor_memtable_bytes{role=\"active\"}";
+    assert!(
+        b.metric(STANDBY_MEMTABLES).unwrap() > 0.0,
+        "{STANDBY_MEMTABLES}"
+    );
 
     // pod-a is lost for good: after its session times out, pod-b, which holds the standbys of
     // pod-a's tasks, takes them over and replays nothing (its copies are caught up), while a
@@ -408,6 +416,17 @@ async fn a_lost_pods_tasks_go_to_the_holders_of_their_standbys_which_replay_only
     let counted = counts(&output);
     assert!(counted.values().all(|&n| n == 1), "an id was output twice");
     assert_eq!(app.read(&app.duplicates).len(), 1000);
+    // The promoted copies were reopened for the active budget: pod-b keeps no standby now,
+    // and nothing counts against the standby budget any more.
+    assert_eq!(
+        b.metric(STANDBY_MEMTABLES),
+        Some(0.0),
+        "{STANDBY_MEMTABLES}"
+    );
+    assert!(
+        b.metric(ACTIVE_MEMTABLES).unwrap() > 0.0,
+        "{ACTIVE_MEMTABLES}"
+    );
 
     // The stores hold every id once.
     b.drain();
@@ -420,6 +439,65 @@ async fn a_lost_pods_tasks_go_to_the_holders_of_their_standbys_which_replay_only
         .map(|t| t["ids"].as_u64().unwrap())
         .sum();
     assert_eq!(ids, (IDS + 1000) as u64);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_back_after_an_unclean_stop_reports_the_stores_on_its_volume_and_gets_tasks_back_at_once()
+ {
+    let _serial = serial().await;
+    const PARTITIONS: i32 = 4;
+    let app = app_with_standbys("unclean", PARTITIONS).await;
+    let [(mut a, _), (b, _)] = two_pods_holding(&app, 20_000);
+
+    // pod-a dies (no checkpoints written) and stays away past its session: pod-b takes every
+    // task over. Nothing is produced since, so pod-a's stores stay caught up.
+    a.kill9();
+    let mut b = b;
+    b.wait_health("every task active", 2 * MINUTE, |h| {
+        in_state(h, TaskState::Active).len() == PARTITIONS as usize
+    });
+    let ends = kafka::end_offsets(&app.changelog());
+    assert!(
+        a.state.join("tasks").read_dir().unwrap().count() == PARTITIONS as usize,
+        "pod-a left a store of every task (active or standby) on its volume"
+    );
+
+    // Back, it reports what those stores hold (read read-only, before it opens any), so the
+    // leader sees them caught up and hands tasks back as active at once, not as warm-ups.
+    let before = a.log_text().len();
+    let mut a = app.start("pod-a");
+    let back = a.wait_health("tasks back", 2 * MINUTE, |h| {
+        !in_state(h, TaskState::Active).is_empty()
+    });
+    let log = a.log_text()[before..].to_string();
+    let reported = log
+        .lines()
+        .filter(|l| l.contains("a store left by an unclean stop: reporting the offset it holds"))
+        .count();
+    assert_eq!(reported, PARTITIONS as usize, "{log}");
+    let first_share = log
+        .lines()
+        .find(|l| l.contains("tasks assigned"))
+        .expect("an assignment");
+    assert!(
+        !first_share.contains("active=[]") && !first_share.contains(": true"),
+        "the first share has active tasks and no warm-up: {first_share}"
+    );
+    for t in back
+        .tasks
+        .iter()
+        .filter(|t| t.state == Some(TaskState::Active))
+    {
+        let restore = t
+            .restore
+            .as_ref()
+            .expect("an activated task reports its replay");
+        assert_eq!(
+            restore.records_to_restore, 0,
+            "partition {} was caught up on pod-a's volume (end {})",
+            t.partition, ends[t.partition as usize]
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -64,7 +64,7 @@ use crate::repartition::Purger;
 use crate::restore::ChangelogEnds;
 use crate::shared::{DrainOutcome, Shared};
 use crate::state_updater::StateUpdater;
-use crate::store::{SharedMemory, Staged, TaskStore, Verifier};
+use crate::store::{MemoryRole, SharedMemory, Staged, TaskStore, Verifier};
 
 pub use delivery::{DeliveryTracker, Origin, await_deliveries};
 pub use membership::{GroupConsumer, GroupContext};
@@ -333,7 +333,7 @@ impl Engine {
             .map_err(|e| fatal("creating the restore consumer", e))?;
         let changelog_ends = ChangelogEnds::new(&cfg.client, &cfg.changelog_topic)
             .map_err(|e| fatal("creating the changelog probe", e))?;
-        let memory = SharedMemory::new(&cfg.rocksdb);
+        let memory = SharedMemory::new(&cfg.rocksdb, cfg.group.standby_replicas > 0);
         let purger = match &cfg.repartition_topic {
             Some(topic) => Some(
                 Purger::start(&cfg.client, topic)
@@ -501,6 +501,19 @@ impl Engine {
         self.last_publish = Instant::now();
         let mut reports = Vec::new();
         let mut backing_off: BTreeMap<StoreUnavailable, i64> = BTreeMap::new();
+        for (role, label) in [
+            (MemoryRole::Active, "active"),
+            (MemoryRole::Standby, "standby"),
+        ] {
+            let label = Metrics::role(label);
+            let used = self.memory.memtable_bytes(role) as i64;
+            let budget = self.memory.memtable_budget(role) as i64;
+            self.metrics.memtable_bytes.get_or_create(&label).set(used);
+            self.metrics
+                .memtable_budget_bytes
+                .get_or_create(&label)
+                .set(budget);
+        }
         // Only the copies kept now have a series: a promoted or closed one drops out.
         self.metrics.standby_lag.clear();
         for task in self.tasks.values_mut() {

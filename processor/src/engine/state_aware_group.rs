@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tracing::{info, warn};
 
@@ -22,6 +23,7 @@ use crate::group::txn_offsets::GroupGeneration;
 use crate::group::{Generation, GroupConfig, GroupEvent, MemberState, Membership, Report};
 use crate::restore::ChangelogEnds;
 use crate::state_dir::StateDir;
+use crate::store::{ChangelogIdentity, changelog_offset_on_disk};
 
 /// The membership and what the engine keeps of it.
 pub(super) struct StateAwareGroup {
@@ -160,18 +162,41 @@ impl StateAwareGroup {
     }
 }
 
-/// The changelog offsets of the stores on the volume that were closed cleanly (their
-/// checkpoints say).
+/// The changelog offsets of the stores on the volume: what their checkpoints say for those
+/// closed cleanly, what the store itself vouches for (read read-only) for one left by an
+/// unclean stop. A store that cannot be read is not reported (it is opened, and judged, when
+/// a task needs it).
 fn stores_on_disk(state: &StateDir, changelog_topic: &str) -> BTreeMap<i32, i64> {
     state
         .task_partitions()
         .into_iter()
         .filter_map(|p| {
-            let entries = checkpoint::read(&state.checkpoint_file(p)).ok()??;
-            let entry = entries
-                .iter()
-                .find(|e| e.topic == changelog_topic && e.partition == p)?;
-            Some((p, entry.offset))
+            if let Some(entries) = checkpoint::read(&state.checkpoint_file(p)).ok().flatten() {
+                let entry = entries
+                    .iter()
+                    .find(|e| e.topic == changelog_topic && e.partition == p)?;
+                return Some((p, entry.offset));
+            }
+            let dir = state.store_dir(p);
+            if !dir.join("CURRENT").exists() {
+                return None;
+            }
+            let changelog = ChangelogIdentity {
+                topic: changelog_topic.to_string(),
+                partition: p,
+            };
+            let started = Instant::now();
+            match changelog_offset_on_disk(&dir, state.wal_dir(p).as_deref(), &changelog) {
+                Ok(offset) => {
+                    info!(partition = p, offset = ?offset, ms = started.elapsed().as_millis() as u64,
+                        "a store left by an unclean stop: reporting the offset it holds");
+                    offset.map(|o| (p, o))
+                }
+                Err(e) => {
+                    warn!(partition = p, error = %e, "a store on the volume could not be read; not reporting it");
+                    None
+                }
+            }
         })
         .collect()
 }

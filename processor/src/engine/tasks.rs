@@ -17,12 +17,12 @@ use tracing::{error, info, warn};
 
 use super::{Engine, EngineError, GroupConsumer};
 use crate::checkpoint::{self, CheckpointEntry};
-use crate::lifecycle::{Command, Event, Phase};
+use crate::lifecycle::{Command, Event, Phase, Role};
 use crate::metrics::Metrics;
 use crate::restore::RestoreError;
 use crate::shared::now_ms;
 use crate::state_updater::Update;
-use crate::store::{ChangelogIdentity, StoreError, TaskStore, Window};
+use crate::store::{ChangelogIdentity, MemoryRole, StoreError, TaskStore, Window};
 
 impl Engine {
     /// Feeds `event` to the task's lifecycle and carries out what it says; a failed command
@@ -83,6 +83,9 @@ impl Engine {
                 | Command::QuarantineStore { .. }
         ) {
             self.reclaim_store(p);
+        }
+        if matches!(command, Command::BeginRestore | Command::FollowChangelog) {
+            self.reopen_for_role(p)?;
         }
         let state = self.shared.state_dir.clone();
         let store_dir = state.store_dir(p);
@@ -249,6 +252,47 @@ impl Engine {
         self.publish_tasks(true);
     }
 
+    /// The memory budget a task's store belongs to: the standby one for standbys and
+    /// warm-ups, the active one for the rest.
+    fn memory_role(&self, partition: i32) -> MemoryRole {
+        match self.tasks.get(&partition).map(|t| t.lifecycle.role()) {
+            Some(Role::Standby { .. }) => MemoryRole::Standby,
+            _ => MemoryRole::Active,
+        }
+    }
+
+    /// A standby promoted to active (or an active store turned standby) keeps its files but
+    /// not its memtable budget: RocksDB fixes that at open, so the store is closed (flushed:
+    /// at most the standby budget's memtables) and opened again for its new role.
+    fn reopen_for_role(&mut self, p: i32) -> Result<(), StoreError> {
+        let role = self.memory_role(p);
+        let task = self.tasks.get_mut(&p).expect("task exists");
+        if task.store.as_ref().is_none_or(|s| s.memory_role() == role) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let store = task.store.take().expect("checked");
+        task.store_id = None;
+        store.close()?;
+        let store = self.open_store(p)?;
+        let task = self.tasks.get_mut(&p).expect("task exists");
+        task.store_id = Some(store.id());
+        task.store = Some(store);
+        info!(partition = p, role = ?role, ms = started.elapsed().as_millis() as u64,
+            "store reopened for its new role's memory budget");
+        // A scan of the closed store ended with it; the reopened store is scanned anew.
+        if let Some(v) = task
+            .health
+            .verification
+            .as_ref()
+            .filter(|v| v.finished_at_ms.is_none())
+        {
+            let reason = v.reason;
+            self.start_verification(p, reason);
+        }
+        Ok(())
+    }
+
     fn open_store(&self, partition: i32) -> Result<TaskStore, StoreError> {
         let state = &self.shared.state_dir;
         let store = TaskStore::open(
@@ -256,6 +300,7 @@ impl Engine {
             state.wal_dir(partition).as_deref(),
             &self.cfg.rocksdb,
             &self.memory,
+            self.memory_role(partition),
             Window {
                 retention: self.cfg.retention,
                 max_skew: self.cfg.max_skew,

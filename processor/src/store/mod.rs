@@ -33,7 +33,7 @@ use streamapp_api::config::ResolvedRocksDb;
 
 use apply::{Applying, Database};
 pub use fault::{Fault, Result, StoreError, classify_io, classify_rocksdb};
-pub use options::{SharedMemory, rocksdb_options};
+pub use options::{MemoryRole, SharedMemory, rocksdb_options};
 pub use verify::{Verifier, VerifyOutcome};
 
 const META_CHANGELOG_OFFSET: &[u8] = b"m/changelog_offset";
@@ -152,13 +152,16 @@ pub struct TaskStore {
     closing: Arc<AtomicBool>,
     id: u64,
     wal_dir: PathBuf,
+    /// Whose memtable budget its writes count against.
+    role: MemoryRole,
     /// What the store reflects once a background apply is written.
     meta: StoreMeta,
     applying: Option<Applying>,
 }
 
 impl TaskStore {
-    /// Opens (or creates) the store at `path` for the changelog partition `changelog`.
+    /// Opens (or creates) the store at `path` for the changelog partition `changelog`, its
+    /// memtables counted against `role`'s budget.
     /// RocksDB recovers its WAL with the configured recovery mode. Damage (and a store of
     /// another changelog) comes back as [`StoreError::Damaged`], anything that says nothing
     /// about the files as [`StoreError::Unavailable`].
@@ -167,6 +170,7 @@ impl TaskStore {
         wal_dir: Option<&Path>,
         tuning: &ResolvedRocksDb,
         memory: &SharedMemory,
+        role: MemoryRole,
         window: Window,
         changelog: &ChangelogIdentity,
     ) -> Result<Self> {
@@ -181,7 +185,7 @@ impl TaskStore {
                 )
             })?;
         }
-        let opts = rocksdb_options(tuning, memory, wal_dir);
+        let opts = rocksdb_options(tuning, memory, role, wal_dir);
         let db = DB::open(&opts, path).map_err(|e| StoreError::from_rocksdb(path, e))?;
         let mut store = TaskStore {
             database: Database {
@@ -197,6 +201,7 @@ impl TaskStore {
             wal_dir: wal_dir
                 .map(Path::to_path_buf)
                 .unwrap_or_else(|| path.to_path_buf()),
+            role,
             meta: StoreMeta::default(),
             applying: None,
         };
@@ -357,6 +362,11 @@ impl TaskStore {
         Ok(())
     }
 
+    /// Whose memtable budget the store's writes count against.
+    pub fn memory_role(&self) -> MemoryRole {
+        self.role
+    }
+
     /// Ids the store remembers (exact count; scans the id range).
     pub fn id_count(&self) -> Result<u64> {
         count_ids(&self.database.db, &self.database.path)
@@ -453,14 +463,19 @@ pub struct StoreSummary {
     pub sst_bytes: u64,
 }
 
-/// Opens a store read-only (for `inspect`, beside a running processor).
-pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<StoreSummary> {
+/// Opens a store read-only: RocksDB replays its WAL in memory, takes no lock and changes no
+/// file, so this works beside a running processor and before the store is opened for use.
+fn open_db_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<DB> {
     let mut opts = Options::default();
     if let Some(w) = wal_dir {
         opts.set_wal_dir(w);
     }
-    let db = DB::open_for_read_only(&opts, path, false)
-        .map_err(|e| StoreError::from_rocksdb(path, e))?;
+    DB::open_for_read_only(&opts, path, false).map_err(|e| StoreError::from_rocksdb(path, e))
+}
+
+/// The offsets a store vouches for and the changelog partition it is a prefix of (stores of
+/// earlier versions: none).
+fn read_meta(db: &DB) -> (StoreMeta, Option<(String, i64)>) {
     let get = |key: &[u8]| -> Option<i64> {
         db.get(key)
             .ok()
@@ -478,6 +493,33 @@ pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<StoreSummar
     let changelog = changelog_topic
         .zip(get(META_CHANGELOG_PARTITION))
         .map(|(t, p)| (String::from_utf8_lossy(&t).into_owned(), p));
+    (meta, changelog)
+}
+
+/// The changelog offset a store left on disk vouches for (its offsets are written in the same
+/// batches as its data, so this holds after an unclean stop too), if it is a store of
+/// `changelog`: what a pod tells its group about such a store before it opens it.
+pub fn changelog_offset_on_disk(
+    path: &Path,
+    wal_dir: Option<&Path>,
+    changelog: &ChangelogIdentity,
+) -> Result<Option<i64>> {
+    let db = open_db_read_only(path, wal_dir)?;
+    let (meta, of) = read_meta(&db);
+    Ok(match of {
+        Some((topic, partition))
+            if topic != changelog.topic || partition != i64::from(changelog.partition) =>
+        {
+            None
+        }
+        _ => meta.changelog_offset,
+    })
+}
+
+/// Summarises a store read-only (for `inspect`, beside a running processor).
+pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<StoreSummary> {
+    let db = open_db_read_only(path, wal_dir)?;
+    let (meta, changelog) = read_meta(&db);
     Ok(StoreSummary {
         meta,
         changelog,
@@ -519,7 +561,8 @@ mod tests {
             dir,
             None,
             &tuning,
-            &SharedMemory::new(&tuning),
+            &SharedMemory::new(&tuning, false),
+            MemoryRole::Active,
             WINDOW,
             changelog,
         )
@@ -544,6 +587,92 @@ mod tests {
         store.apply(&staged).unwrap();
         assert_eq!(store.first_seen(b"cmd-1").unwrap(), Some(1_000));
         assert_eq!(store.meta().changelog_offset, Some(7));
+    }
+
+    #[test]
+    fn a_standby_stores_memtables_count_against_the_standby_budget_only() {
+        let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
+        let memory = SharedMemory::new(&tuning, true);
+        let (active_budget, standby_budget) = tuning.memtable_budgets(true);
+        assert_eq!(memory.memtable_budget(MemoryRole::Active), active_budget);
+        assert_eq!(memory.memtable_budget(MemoryRole::Standby), standby_budget);
+        assert!(
+            standby_budget > 0 && active_budget + standby_budget == tuning.memtable_budget_bytes
+        );
+        let open_as = |dir: &Path, partition, role| {
+            TaskStore::open(
+                dir,
+                None,
+                &tuning,
+                &memory,
+                role,
+                WINDOW,
+                &changelog(partition),
+            )
+            .unwrap()
+        };
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let _active = open_as(a.path(), 0, MemoryRole::Active);
+        let mut standby = open_as(b.path(), 1, MemoryRole::Standby);
+        assert_eq!(standby.memory_role(), MemoryRole::Standby);
+        let active_before = memory.memtable_bytes(MemoryRole::Active);
+        let standby_before = memory.memtable_bytes(MemoryRole::Standby);
+        // A standby catching up: a few MiB of ids in its memtables.
+        for batch in 0..8 {
+            let mut staged = Staged::default();
+            for i in 0..2_000 {
+                staged.put(format!("id-{batch}-{i:0>64}").as_bytes(), 1_000);
+            }
+            standby.apply(&staged).unwrap();
+        }
+        let standby_after = memory.memtable_bytes(MemoryRole::Standby);
+        assert!(
+            standby_after >= standby_before + (1 << 20),
+            "the standby's writes are counted against its budget: {standby_before} -> {standby_after}"
+        );
+        assert_eq!(
+            memory.memtable_bytes(MemoryRole::Active),
+            active_before,
+            "and not at all against the active stores'"
+        );
+        // Reopened as active (a promotion): its memtables move to the active budget.
+        standby.close().unwrap();
+        let mut promoted = open_as(b.path(), 1, MemoryRole::Active);
+        assert_eq!(
+            promoted
+                .first_seen(format!("id-7-{:0>64}", 1999).as_bytes())
+                .unwrap(),
+            Some(1_000)
+        );
+        let mut staged = Staged::default();
+        for i in 0..2_000 {
+            staged.put(format!("new-{i:0>64}").as_bytes(), 2_000);
+        }
+        promoted.apply(&staged).unwrap();
+        assert!(memory.memtable_bytes(MemoryRole::Active) > active_before);
+        assert!(memory.memtable_bytes(MemoryRole::Standby) < standby_after);
+    }
+
+    #[test]
+    fn the_offset_a_store_holds_is_read_without_opening_it_even_from_its_wal_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        let mut staged = Staged::default();
+        staged.put(b"a", 5);
+        staged.changelog_offset = Some(42);
+        store.apply(&staged).unwrap();
+        // Still open (as a store is when its process is killed): the offset is in the WAL and
+        // the memtable only, and the store's lock is held.
+        assert_eq!(
+            changelog_offset_on_disk(dir.path(), None, &changelog(0)).unwrap(),
+            Some(42)
+        );
+        assert_eq!(
+            changelog_offset_on_disk(dir.path(), None, &changelog(1)).unwrap(),
+            None,
+            "a store of another changelog partition vouches for nothing here"
+        );
+        assert_eq!(store.meta().changelog_offset, Some(42), "and it is untouched");
     }
 
     #[test]

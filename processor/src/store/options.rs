@@ -1,5 +1,6 @@
 //! RocksDB options of a task store, from the resolved tuning, and the memory every store of a
-//! process shares (one block cache, one memtable budget).
+//! process shares (one block cache, one memtable budget split between active and standby
+//! stores).
 
 use std::path::Path;
 
@@ -9,31 +10,72 @@ use rocksdb::{
 };
 use streamapp_api::config::{CompactionStyle, Compression, ResolvedRocksDb, WalRecoveryMode};
 
+/// Whose memtable budget a store's writes count against. A store is opened for one role; a
+/// standby promoted to active (or the reverse) is reopened for the other
+/// ([`super::TaskStore::reopen`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryRole {
+    Active,
+    /// Standby and warm-up stores: written only by the state updater's follower.
+    Standby,
+}
+
 /// The memory all stores of a process share: one block cache and one memtable budget, so the
-/// process's RocksDB memory does not grow with the number of tasks.
+/// process's RocksDB memory does not grow with the number of tasks. With standbys the budget
+/// is two write-buffer managers, one per [`MemoryRole`]: a standby catching up stalls (and
+/// flushes) only standby stores, never an active store's writes.
 #[derive(Clone)]
 pub struct SharedMemory {
     cache: Cache,
-    write_buffers: WriteBufferManager,
+    active_write_buffers: WriteBufferManager,
+    standby_write_buffers: WriteBufferManager,
+    /// The budgets as configured: (active, standby); standby 0 without standbys.
+    budgets: (u64, u64),
 }
 
 impl SharedMemory {
-    pub fn new(tuning: &ResolvedRocksDb) -> Self {
+    pub fn new(tuning: &ResolvedRocksDb, standbys: bool) -> Self {
+        let (active, standby) = tuning.memtable_budgets(standbys);
+        // Writers stall rather than exceed their budget.
+        let budget =
+            |bytes: u64| WriteBufferManager::new_write_buffer_manager(bytes as usize, true);
         SharedMemory {
             cache: Cache::new_lru_cache(tuning.block_cache_bytes as usize),
-            // Writers stall rather than exceed the budget.
-            write_buffers: WriteBufferManager::new_write_buffer_manager(
-                tuning.memtable_budget_bytes as usize,
-                true,
-            ),
+            active_write_buffers: budget(active),
+            // Without standbys no store is opened for this role; a budget of 0 would mean
+            // "unlimited" to RocksDB, so it gets the smallest memtable's worth instead.
+            standby_write_buffers: budget(standby.max(tuning.write_buffer_bytes)),
+            budgets: (active, standby),
+        }
+    }
+
+    fn write_buffers(&self, role: MemoryRole) -> &WriteBufferManager {
+        match role {
+            MemoryRole::Active => &self.active_write_buffers,
+            MemoryRole::Standby => &self.standby_write_buffers,
+        }
+    }
+
+    /// Bytes of memtables counted against `role`'s budget now.
+    pub fn memtable_bytes(&self, role: MemoryRole) -> usize {
+        self.write_buffers(role).get_usage()
+    }
+
+    /// `role`'s memtable budget in bytes (0 for standbys when the process has none).
+    pub fn memtable_budget(&self, role: MemoryRole) -> u64 {
+        match role {
+            MemoryRole::Active => self.budgets.0,
+            MemoryRole::Standby => self.budgets.1,
         }
     }
 }
 
-/// RocksDB options from the resolved tuning, sharing memory with every other store.
+/// RocksDB options from the resolved tuning, sharing memory with every other store of the
+/// same role.
 pub fn rocksdb_options(
     tuning: &ResolvedRocksDb,
     memory: &SharedMemory,
+    role: MemoryRole,
     wal_dir: Option<&Path>,
 ) -> Options {
     let mut table = BlockBasedOptions::default();
@@ -57,7 +99,7 @@ pub fn rocksdb_options(
 
     let mut opts = Options::default();
     opts.create_if_missing(true);
-    opts.set_write_buffer_manager(&memory.write_buffers);
+    opts.set_write_buffer_manager(memory.write_buffers(role));
     opts.set_block_based_table_factory(&table);
     opts.set_write_buffer_size(tuning.write_buffer_bytes as usize);
     // Most lookups are of ids never seen (first occurrences): a bloom filter over the
