@@ -4,30 +4,63 @@
 #   dev/kafka.sh tool <class> <args...>   one of Kafka's command-line tools against the broker,
 #                                          e.g. org.apache.kafka.tools.TransactionsCommand
 # Data, config and the log live in $STREAMAPP_RUN/kafka. The broker runs in the test bed's network
-# namespace (dev/net.sh) with two listeners: 127.0.0.1:$KAFKA_PORT (its loopback: tests, tools,
-# and this machine's loopback through the relay) and $NODE_IP:$KAFKA_POD_PORT for the pods.
+# namespace (dev/net.sh) with three listeners: 127.0.0.1:$KAFKA_PORT (its loopback: tests, tools,
+# and this machine's loopback through the relay), $NODE_IP:$KAFKA_POD_PORT for the pods, and
+# SASL_SSL on 127.0.0.1:$KAFKA_SECURE_PORT for the tests of secured connections (a CA of its own
+# made here with openssl, SASL PLAIN and SCRAM-SHA-256/512 for the user in $dir/tls/user).
 source "$(dirname "$0")/lib.sh"
 
 dir="$STREAMAPP_RUN/kafka"
 pidfile="$dir/kafka.pid"
 logfile="$dir/kafka.log"
+tls="$dir/tls"
+# The secure listener's test user (SASL PLAIN and SCRAM): test credentials, nothing else.
+sasl_user=streamapp
+sasl_password=streamapp-test-secret
 
 # The JVM command line shared by the broker and the storage tool.
 kafka_java=(java -Xms512m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
   -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$KAFKA_HOME/libs/*")
 
+# A CA and a server certificate for 127.0.0.1 (kept while they exist), the PEM key store the
+# broker reads, and the user's credentials in a file the tests read.
+write_tls() {
+  mkdir -p "$tls"
+  if [[ ! -f $tls/server.pem ]]; then
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=streamapp test bed CA" \
+      -keyout "$tls/ca.key" -out "$tls/ca.crt" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+      -keyout "$tls/server.key" -out "$tls/server.csr" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$tls/san.ext"
+    openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" -CAcreateserial \
+      -days 3650 -extfile "$tls/san.ext" -out "$tls/server.crt" 2>/dev/null
+    # Kafka's PEM key store: an unencrypted PKCS#8 key, then the certificate chain.
+    openssl pkcs8 -topk8 -nocrypt -in "$tls/server.key" >"$tls/server.pem.tmp"
+    cat "$tls/server.crt" "$tls/ca.crt" >>"$tls/server.pem.tmp"
+    mv "$tls/server.pem.tmp" "$tls/server.pem"
+  fi
+  printf '%s\n%s\n' "$sasl_user" "$sasl_password" >"$tls/user"
+}
+
 write_config() {
   mkdir -p "$dir/data"
+  write_tls
   cat >"$dir/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
 # Each listener advertises its own address, so a client keeps talking to the address it used.
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,PODS://$NODE_IP:$KAFKA_POD_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,PODS://$NODE_IP:$KAFKA_POD_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,PODS://$NODE_IP:$KAFKA_POD_PORT,SECURE://127.0.0.1:$KAFKA_SECURE_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,PODS://$NODE_IP:$KAFKA_POD_PORT,SECURE://127.0.0.1:$KAFKA_SECURE_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PODS:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PODS:PLAINTEXT,SECURE:SASL_SSL
+listener.name.secure.ssl.keystore.type=PEM
+listener.name.secure.ssl.keystore.location=$tls/server.pem
+listener.name.secure.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+listener.name.secure.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$sasl_user="$sasl_password";
+listener.name.secure.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.secure.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 log.dirs=$dir/data
 # One broker: every internal topic has one replica, so transactions and groups work.
 offsets.topic.replication.factor=1
@@ -80,15 +113,30 @@ start() {
     log "formatting kafka storage in $dir/data"
     local cluster_id
     cluster_id=$("${kafka_java[@]}" kafka.tools.StorageTool random-uuid)
+    # The SCRAM credentials of the secure listener's user go into the metadata log here.
     "${kafka_java[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+      --add-scram "SCRAM-SHA-256=[name=$sasl_user,password=$sasl_password]" \
+      --add-scram "SCRAM-SHA-512=[name=$sasl_user,password=$sasl_password]" \
       >"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "formatting kafka storage failed"; }
+    touch "$dir/data/.scram-users"
   fi
   log "starting kafka $KAFKA_VERSION on 127.0.0.1:$KAFKA_PORT (log: $logfile)"
   : >"$logfile"
   nohup nsenter --net="$NETNS_PATH" -- "${kafka_java[@]}" kafka.Kafka "$dir/server.properties" >>"$logfile" 2>&1 &
   echo $! >"$pidfile"
   wait_until 120 "kafka" "$logfile" broker_answers
-  log "kafka is up: bootstrap servers 127.0.0.1:$KAFKA_PORT (pods: $NODE_IP:$KAFKA_POD_PORT)"
+  if [[ ! -f $dir/data/.scram-users ]]; then
+    # Storage formatted before the secure listener existed: add the user's credentials now.
+    for mechanism in SCRAM-SHA-256 SCRAM-SHA-512; do
+      in_testbed java -Xmx256m -Djava.awt.headless=true -Dlog4j2.configurationFile="$dir/log4j2.properties" \
+        -cp "$KAFKA_HOME/libs/*" org.apache.kafka.tools.ConfigCommand --bootstrap-server "127.0.0.1:$KAFKA_PORT" \
+        --alter --entity-type users --entity-name "$sasl_user" \
+        --add-config "$mechanism=[password=$sasl_password]" >>"$dir/format.log" 2>&1 ||
+        { tail -20 "$dir/format.log" >&2; die "adding the SCRAM user failed"; }
+    done
+    touch "$dir/data/.scram-users"
+  fi
+  log "kafka is up: bootstrap servers 127.0.0.1:$KAFKA_PORT (pods: $NODE_IP:$KAFKA_POD_PORT; SASL_SSL: 127.0.0.1:$KAFKA_SECURE_PORT)"
 }
 
 case "${1:-}" in

@@ -662,6 +662,82 @@ pub struct KafkaClient {
     pub properties: BTreeMap<String, String>,
 }
 
+/// SASL mechanisms the state-aware group membership (`standbyReplicas` ≥ 1) speaks on its own
+/// connections, beside librdkafka's.
+pub const MEMBERSHIP_SASL_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+
+/// The first Kafka client setting the state-aware group membership cannot honour, with why.
+/// It speaks TLS (CA and client certificate as PEM, host names checked) and SASL PLAIN and
+/// SCRAM, as librdkafka does; anything that would have it connect differently from the rest
+/// of the processor is refused. `get` reads a client property. Checked when the configuration
+/// is validated and again by the processor when it connects.
+pub fn membership_refuses<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<(String, String)> {
+    let get = |k: &str| get(k).map(str::trim).filter(|v| !v.is_empty());
+    let refuse = |key: &str, why: String| Some((key.to_string(), why));
+    for (key, why) in [
+        (
+            "ssl.keystore.location",
+            "use PEM files (ssl.certificate.location, ssl.key.location)",
+        ),
+        ("ssl.key.password", "use an unencrypted PEM key"),
+        (
+            "ssl.engine.location",
+            "OpenSSL engines are librdkafka's only",
+        ),
+        ("ssl.providers", "OpenSSL providers are librdkafka's only"),
+    ] {
+        if get(key).is_some() {
+            return refuse(key, format!("is not supported with standbys: {why}"));
+        }
+    }
+    let protocol = get("security.protocol").unwrap_or("plaintext");
+    let sasl = match protocol.to_ascii_lowercase().as_str() {
+        "plaintext" | "ssl" => false,
+        "sasl_plaintext" | "sasl_ssl" => true,
+        other => {
+            return refuse(
+                "security.protocol",
+                format!("{other} is not a security protocol"),
+            );
+        }
+    };
+    if sasl {
+        let (key, mechanism) = match (get("sasl.mechanism"), get("sasl.mechanisms")) {
+            (Some(m), _) => ("sasl.mechanism", m),
+            (None, Some(m)) => ("sasl.mechanisms", m),
+            (None, None) => ("sasl.mechanism", "GSSAPI"),
+        };
+        if !MEMBERSHIP_SASL_MECHANISMS.contains(&mechanism.to_ascii_uppercase().as_str()) {
+            return refuse(
+                key,
+                format!(
+                    "{mechanism} is not supported with standbys (the group membership speaks \
+                     {})",
+                    MEMBERSHIP_SASL_MECHANISMS.join(", ")
+                ),
+            );
+        }
+    }
+    if let Some(a) = get("ssl.endpoint.identification.algorithm")
+        && !a.eq_ignore_ascii_case("https")
+    {
+        return refuse(
+            "ssl.endpoint.identification.algorithm",
+            format!(
+                "{a} is not supported with standbys: the group membership checks that the \
+                 broker's certificate names the host or IP address it connects to"
+            ),
+        );
+    }
+    if get("enable.ssl.certificate.verification").is_some_and(|v| v.eq_ignore_ascii_case("false")) {
+        return refuse(
+            "enable.ssl.certificate.verification",
+            "false is not supported with standbys: give the CA (kafka.tls)".into(),
+        );
+    }
+    None
+}
+
 /// Client properties the processor sets itself: overriding them would break exactly-once or
 /// the processor's handling of rebalances.
 ///
@@ -918,17 +994,10 @@ impl ProcessorConfig {
         }
         self.group_timing()?;
         if self.group.standby_replicas > 0
-            && self
-                .kafka
-                .properties
-                .get("security.protocol")
-                .is_some_and(|p| !p.eq_ignore_ascii_case("plaintext"))
+            && let Some((key, why)) =
+                membership_refuses(|k| self.kafka.properties.get(k).map(String::as_str))
         {
-            return Err(ConfigError::field(
-                "group.standbyReplicas",
-                "needs kafka.properties.security.protocol plaintext for now: the state-aware \
-                 group membership does not speak TLS or SASL yet",
-            ));
+            return Err(ConfigError::field(&format!("kafka.properties.{key}"), why));
         }
         let topology = self.topology.resolve()?;
         let producer_max = self.producer_message_max_bytes()?;
@@ -1017,7 +1086,8 @@ mod tests {
     }
 
     #[test]
-    fn standbys_take_their_timing_from_the_client_properties_and_need_plaintext_for_now() {
+    fn standbys_take_their_timing_from_the_client_properties_and_refuse_what_the_membership_cannot_speak()
+     {
         let mut c = processor_config(&[("session.timeout.ms", "6000")]);
         c.group.standby_replicas = 1;
         let t = c.group_timing().unwrap();
@@ -1026,15 +1096,53 @@ mod tests {
         assert_eq!(t.rebalance_timeout, Duration::from_secs(300));
         assert_eq!(t.probing_rebalance_interval, Duration::from_secs(600));
         assert!(c.validate().is_ok());
-        c.kafka
-            .properties
-            .insert("security.protocol".into(), "SASL_SSL".into());
-        assert_eq!(c.validate().unwrap_err().field, "group.standbyReplicas");
-        c.group.standby_replicas = 0;
-        assert!(
-            c.validate().is_ok(),
-            "librdkafka's membership speaks TLS and SASL"
+        let mut with = |pairs: &[(&str, &str)]| {
+            c.kafka.properties = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            c.group.standby_replicas = 1;
+            let standbys = c.validate().map(|_| ()).map_err(|e| e.field);
+            c.group.standby_replicas = 0;
+            assert!(
+                c.validate().is_ok(),
+                "librdkafka's membership takes {pairs:?}"
+            );
+            standbys
+        };
+        assert_eq!(
+            with(&[
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "SCRAM-SHA-512")
+            ]),
+            Ok(())
         );
+        assert_eq!(with(&[("security.protocol", "SSL")]), Ok(()));
+        assert_eq!(
+            with(&[("security.protocol", "SASL_SSL")]),
+            Err("kafka.properties.sasl.mechanism".into()),
+            "librdkafka's default mechanism is GSSAPI"
+        );
+        assert_eq!(
+            with(&[
+                ("security.protocol", "SASL_PLAINTEXT"),
+                ("sasl.mechanisms", "OAUTHBEARER")
+            ]),
+            Err("kafka.properties.sasl.mechanisms".into())
+        );
+        assert_eq!(
+            with(&[
+                ("security.protocol", "SSL"),
+                ("ssl.endpoint.identification.algorithm", "none")
+            ]),
+            Err("kafka.properties.ssl.endpoint.identification.algorithm".into())
+        );
+        assert_eq!(
+            with(&[("ssl.keystore.location", "/k.p12")]),
+            Err("kafka.properties.ssl.keystore.location".into())
+        );
+        c.kafka.properties.clear();
+        c.group.standby_replicas = 1;
         c.group.probing_rebalance_interval = "0s".into();
         assert_eq!(
             c.validate().unwrap_err().field,

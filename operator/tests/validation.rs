@@ -322,34 +322,36 @@ async fn rocksdb_knobs_rocksdb_cannot_work_with_are_refused() {
 }
 
 #[tokio::test]
-async fn standbys_are_refused_over_tls_or_sasl_and_accepted_over_plaintext() {
+async fn standbys_are_refused_with_a_sasl_mechanism_the_membership_does_not_speak() {
     let ns = namespace("standbys").await;
     let standbys = with(streamapp_json("a", 2), "/spec/standbyReplicas", 1.into());
-    let message = "standbyReplicas needs a plaintext Kafka connection for now";
+    let message = "standbyReplicas with SASL needs kafka.properties sasl.mechanism PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512";
+    let properties = |p: serde_json::Value| with(standbys.clone(), "/spec/kafka/properties", p);
     assert_refused(
         &ns.name,
-        with(
-            standbys.clone(),
-            "/spec/kafka/properties",
-            serde_json::json!({ "security.protocol": "SASL_SSL" }),
-        ),
+        properties(serde_json::json!({ "security.protocol": "SASL_SSL" })),
         message,
     );
     assert_refused(
         &ns.name,
-        with(
-            standbys.clone(),
-            "/spec/kafka/sasl",
-            serde_json::json!({ "secretName": "kafka-user" }),
-        ),
+        properties(serde_json::json!({
+            "security.protocol": "SASL_SSL", "sasl.mechanisms": "OAUTHBEARER"
+        })),
         message,
     );
-    let plaintext = with(
-        standbys,
-        "/spec/kafka/properties",
-        serde_json::json!({ "security.protocol": "PLAINTEXT" }),
+    let scram = with(
+        properties(serde_json::json!({
+            "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"
+        })),
+        "/spec/kafka/sasl",
+        serde_json::json!({ "secretName": "kafka-user" }),
     );
-    let out = apply(&ns.name, &plaintext).expect("standbys over plaintext are accepted");
+    let scram = with(
+        scram,
+        "/spec/kafka/tls",
+        serde_json::json!({ "secretName": "kafka-ca" }),
+    );
+    let out = apply(&ns.name, &scram).expect("standbys over TLS with SCRAM are accepted");
     assert!(out.contains("streamapp.streamapp.dev/a created"), "{out}");
     ns.delete().await;
 }

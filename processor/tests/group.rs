@@ -20,6 +20,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
+use streamapp_processor::group::security::Security;
 use streamapp_processor::group::txn_offsets::{GroupGeneration, send_offsets_to_transaction};
 use streamapp_processor::group::{
     Generation, GroupConfig, GroupEvent, Membership, Report, SharedState,
@@ -47,6 +48,7 @@ fn config(group: &str, pod: &str) -> GroupConfig {
         probing_rebalance_interval: Duration::from_secs(2),
         standby_replicas: 1,
         acceptable_lag: 100,
+        security: Security::default(),
     }
 }
 

@@ -501,6 +501,46 @@ async fn a_pod_back_after_an_unclean_stop_reports_the_stores_on_its_volume_and_g
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn standbys_work_over_tls_and_sasl_scram_like_the_rest_of_the_processor() {
+    let _serial = serial().await;
+    const PARTITIONS: i32 = 4;
+    const IDS: usize = 5_000;
+    let mut app = app_with_standbys("secure", PARTITIONS).await;
+    // Every connection of the processor, its own group membership's too, goes to the
+    // SASL_SSL listener with SCRAM-SHA-512 and the test bed's CA.
+    let listener = kafka::secure_listener();
+    app.rewrite_config(|c| {
+        c["kafka"]["bootstrapServers"] = listener.bootstrap.clone().into();
+        for (k, v) in listener.properties("SCRAM-SHA-512") {
+            c["kafka"]["properties"][k] = v.into();
+        }
+    });
+    let [(a, a_health), (b, b_health)] = two_pods_holding(&app, IDS);
+    let a_active = in_state(&a_health, TaskState::Active);
+    let b_active = in_state(&b_health, TaskState::Active);
+    assert!(
+        !a_active.is_empty() && !b_active.is_empty(),
+        "{a_active:?} {b_active:?}"
+    );
+    assert_eq!(a_active, in_state(&b_health, TaskState::Standby));
+    assert_eq!(b_active, in_state(&a_health, TaskState::Standby));
+    for pod in [&a, &b] {
+        assert!(
+            !pod.log_text()
+                .contains("group coordinator connection refused"),
+            "{}",
+            pod.log_tail()
+        );
+    }
+    let output = app.read(&app.output);
+    assert_eq!(output.len(), IDS, "each id once");
+    assert!(
+        counts(&output).values().all(|&n| n == 1),
+        "an id was output twice"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_lost_pods_open_transaction_is_ended_by_the_next_leader_not_left_to_its_timeout() {
     let _serial = serial().await;
     // A transaction timeout far longer than this test waits: only the fence can end pod-a's

@@ -493,3 +493,58 @@ pub async fn topic_config(topic: &str, key: &str) -> Option<String> {
         .unwrap_or_else(|code| panic!("describing {topic}: {code}"));
     resource.get(key).and_then(|e| e.value.clone())
 }
+
+/// The broker's SASL_SSL listener (dev/kafka.sh): TLS with the test bed's own CA, SASL PLAIN
+/// and SCRAM-SHA-256/512 for one test user.
+pub struct SecureListener {
+    pub bootstrap: String,
+    /// The CA that signed the broker's certificate (PEM).
+    pub ca_file: std::path::PathBuf,
+    pub username: String,
+    pub password: String,
+}
+
+impl SecureListener {
+    /// librdkafka properties for this listener with `mechanism`.
+    pub fn properties(&self, mechanism: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("security.protocol", "SASL_SSL".into()),
+            ("sasl.mechanism", mechanism.into()),
+            ("sasl.username", self.username.clone()),
+            ("sasl.password", self.password.clone()),
+            ("ssl.ca.location", self.ca_file.display().to_string()),
+        ]
+    }
+}
+
+/// The secure listener (`$STREAMAPP_KAFKA_SECURE_BOOTSTRAP` or 127.0.0.1:19095). Panics,
+/// naming the service, when it is not set up or does not answer.
+pub fn secure_listener() -> SecureListener {
+    let bootstrap = std::env::var("STREAMAPP_KAFKA_SECURE_BOOTSTRAP")
+        .unwrap_or_else(|_| "127.0.0.1:19095".into());
+    let tls = crate::run_dir().join("kafka").join("tls");
+    let user = std::fs::read_to_string(tls.join("user")).unwrap_or_else(|e| {
+        panic!(
+            "the Kafka broker's SASL_SSL listener is not set up ({}: {e}): {HOW_TO_START}",
+            tls.display()
+        )
+    });
+    let mut lines = user.lines();
+    let (Some(username), Some(password)) = (lines.next(), lines.next()) else {
+        panic!("{} holds no user and password", tls.join("user").display());
+    };
+    if let Err(e) = std::net::TcpStream::connect_timeout(
+        &bootstrap.parse().expect("an IP address and port"),
+        Duration::from_secs(5),
+    ) {
+        panic!(
+            "the Kafka broker's SASL_SSL listener at {bootstrap} does not answer ({e}): {HOW_TO_START}"
+        );
+    }
+    SecureListener {
+        bootstrap,
+        ca_file: tls.join("ca.crt"),
+        username: username.to_string(),
+        password: password.to_string(),
+    }
+}

@@ -19,6 +19,7 @@ use tracing::{info, warn};
 use super::membership::Share;
 use super::{Engine, EngineConfig, EngineError, GroupConsumer};
 use crate::checkpoint;
+use crate::group::security::Security;
 use crate::group::txn_offsets::GroupGeneration;
 use crate::group::{Generation, GroupConfig, GroupEvent, MemberState, Membership, Report};
 use crate::restore::ChangelogEnds;
@@ -101,10 +102,13 @@ impl MemberState for EngineReport {
 }
 
 impl StateAwareGroup {
-    /// Joins the group, first reporting the stores this process finds closed cleanly on its
-    /// volume, so that a restarted pod gets its tasks back.
+    /// Joins the group, first reporting the stores this process finds on its volume, so that
+    /// a restarted pod gets its tasks back.
     pub(super) fn start(cfg: &EngineConfig, state: &StateDir) -> Result<Self, EngineError> {
         let client = &cfg.client;
+        let security = Security::from_client(client).map_err(|e| {
+            EngineError::Fatal(format!("the group membership's Kafka connection: {e}"))
+        })?;
         let ends = ChangelogEnds::new(client, &cfg.changelog_topic).map_err(|e| {
             EngineError::Fatal(format!("creating the group leader's changelog probe: {e}"))
         })?;
@@ -145,6 +149,7 @@ impl StateAwareGroup {
                 probing_rebalance_interval: timing.probing_rebalance_interval,
                 standby_replicas: cfg.group.standby_replicas as usize,
                 acceptable_lag: cfg.group.acceptable_recovery_lag,
+                security,
             },
             report.clone(),
         );

@@ -17,8 +17,10 @@
 //! What to do after a failed request is decided by [`after_error`], a pure function.
 
 mod codec;
+mod scram;
+pub mod security;
 pub mod txn_offsets;
-mod wire;
+pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,6 +72,8 @@ pub struct GroupConfig {
     pub standby_replicas: usize,
     /// A store this many records behind its changelog end counts as caught up.
     pub acceptable_lag: u64,
+    /// TLS and SASL of the connections, as the processor's Kafka clients have them.
+    pub security: security::Security,
 }
 
 impl GroupConfig {
@@ -275,6 +279,9 @@ impl From<WireError> for Failure {
         match &e {
             WireError::Io { .. } => debug!(error = %e, "group coordinator connection failed"),
             WireError::Protocol { .. } => warn!(error = %e, "group coordinator request failed"),
+            WireError::Security { .. } => {
+                warn!(error = %e, "group coordinator connection refused: check the TLS and SASL settings")
+            }
         }
         Failure::Retry(Next::Rediscover)
     }
@@ -344,13 +351,14 @@ impl Member {
         let mut last = None;
         for broker in &self.cfg.bootstrap {
             self.check_stop()?;
-            let mut connection = match Connection::open(broker, &client_id, REQUEST_TIMEOUT) {
-                Ok(c) => c,
-                Err(e) => {
-                    last = Some(e.to_string());
-                    continue;
-                }
-            };
+            let mut connection =
+                match Connection::open(broker, &client_id, REQUEST_TIMEOUT, &self.cfg.security) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        last = Some(e.to_string());
+                        continue;
+                    }
+                };
             // Version 4 and later ask and answer per key; earlier ones at the top level.
             let batched = connection.version(ApiKey::FindCoordinator) >= 4;
             let group = StrBytes::from_string(self.cfg.group_id.clone());
@@ -379,7 +387,12 @@ impl Member {
             if address == connection.address() {
                 return Ok(connection);
             }
-            return Ok(Connection::open(&address, &client_id, REQUEST_TIMEOUT)?);
+            return Ok(Connection::open(
+                &address,
+                &client_id,
+                REQUEST_TIMEOUT,
+                &self.cfg.security,
+            )?);
         }
         debug!(error = ?last, "no bootstrap broker answered");
         Err(Failure::Retry(Next::Rediscover))

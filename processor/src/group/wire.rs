@@ -3,18 +3,27 @@
 //! and one request at a time: the membership thread has nothing else to do meanwhile.
 //!
 //! The versions of each API are the highest both sides support, up to the newest this module
-//! was written against ([`OURS`]), learnt with ApiVersions when the connection opens.
+//! was written against ([`OURS`]), learnt with ApiVersions when the connection opens. With TLS
+//! the connection is a rustls stream; with SASL it authenticates right after ApiVersions
+//! (SaslHandshake, then SaslAuthenticate rounds), as Kafka's own clients do
+//! ([`super::security`]).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader,
+    SaslAuthenticateRequest, SaslHandshakeRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+use rustls::pki_types::ServerName;
+
+use super::scram::Scram;
+use super::security::{Mechanism, Sasl, Security};
 
 /// The versions of each API this module speaks: from the first with what static membership
 /// needs (`group.instance.id`, LeaveGroup by instance) to the newest its messages were checked
@@ -25,6 +34,13 @@ const OURS: [(ApiKey, i16, i16); 5] = [
     (ApiKey::SyncGroup, 3, 5),
     (ApiKey::Heartbeat, 3, 4),
     (ApiKey::LeaveGroup, 3, 5),
+];
+
+/// The SASL APIs, negotiated only when the connection authenticates: SaslHandshake v1 (the
+/// tokens then travel in SaslAuthenticate requests) and SaslAuthenticate up to v2.
+const SASL: [(ApiKey, i16, i16); 2] = [
+    (ApiKey::SaslHandshake, 1, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
 /// ApiVersions v3 is flexible and every broker this project supports answers it.
@@ -44,19 +60,69 @@ pub enum WireError {
     },
     #[error("{address}: {detail}")]
     Protocol { address: String, detail: String },
+    /// TLS or SASL failed: a setting or a credential is wrong, retrying will not help until
+    /// it is fixed.
+    #[error("{address}: {detail}")]
+    Security { address: String, detail: String },
+}
+
+/// The byte stream under the protocol: TCP, or TLS over it.
+enum Transport {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Transport {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Transport::Plain(s) => s,
+            Transport::Tls(s) => &s.sock,
+        }
+    }
+}
+
+impl Read for Transport {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Transport::Plain(s) => s.read(buf),
+            Transport::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Transport {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Transport::Plain(s) => s.write(buf),
+            Transport::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Transport::Plain(s) => s.flush(),
+            Transport::Tls(s) => s.flush(),
+        }
+    }
 }
 
 pub struct Connection {
     address: String,
-    stream: TcpStream,
+    stream: Transport,
     correlation_id: i32,
     versions: BTreeMap<i16, i16>,
     client_id: StrBytes,
 }
 
 impl Connection {
-    /// Connects to `address` (host:port) and learns which versions to speak.
-    pub fn open(address: &str, client_id: &str, timeout: Duration) -> Result<Self, WireError> {
+    /// Connects to `address` (host:port), secured as `security` says, and learns which
+    /// versions to speak.
+    pub fn open(
+        address: &str,
+        client_id: &str,
+        timeout: Duration,
+        security: &Security,
+    ) -> Result<Self, WireError> {
         let io = |what: &'static str| {
             let address = address.to_string();
             move |source| WireError::Io {
@@ -73,10 +139,15 @@ impl Connection {
                 address: address.to_string(),
                 detail: "resolves to no address".into(),
             })?;
-        let stream = TcpStream::connect_timeout(&socket, timeout).map_err(io("connecting"))?;
-        stream
-            .set_nodelay(true)
-            .map_err(io("setting TCP_NODELAY"))?;
+        let tcp = TcpStream::connect_timeout(&socket, timeout).map_err(io("connecting"))?;
+        tcp.set_nodelay(true).map_err(io("setting TCP_NODELAY"))?;
+        tcp.set_read_timeout(Some(timeout))
+            .and_then(|()| tcp.set_write_timeout(Some(timeout)))
+            .map_err(io("setting the socket timeout"))?;
+        let stream = match &security.tls {
+            None => Transport::Plain(tcp),
+            Some(tls) => Transport::Tls(Box::new(handshake(address, tls, tcp)?)),
+        };
         let mut connection = Connection {
             address: address.to_string(),
             stream,
@@ -84,7 +155,6 @@ impl Connection {
             versions: BTreeMap::new(),
             client_id: StrBytes::from_string(client_id.to_string()),
         };
-        connection.set_timeout(timeout)?;
         let request = ApiVersionsRequest::default()
             .with_client_software_name(StrBytes::from_static_str("streamapp-processor"))
             .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")));
@@ -95,7 +165,10 @@ impl Connection {
                 response.error_code
             )));
         }
-        for (key, min, max) in OURS {
+        let needed = OURS
+            .iter()
+            .chain(security.sasl.as_ref().map_or(&[][..], |_| &SASL[..]));
+        for &(key, min, max) in needed {
             let theirs = response.api_keys.iter().find(|k| k.api_key == key as i16);
             match theirs {
                 Some(k) if k.min_version <= max && k.max_version >= min => {
@@ -110,7 +183,61 @@ impl Connection {
                 }
             }
         }
+        if let Some(sasl) = &security.sasl {
+            connection.authenticate(sasl)?;
+        }
         Ok(connection)
+    }
+
+    /// SASL: the mechanism is agreed with SaslHandshake, then its tokens are exchanged in
+    /// SaslAuthenticate requests until the broker accepts (or refuses) the credentials.
+    fn authenticate(&mut self, sasl: &Sasl) -> Result<(), WireError> {
+        let mechanism = sasl.mechanism.name();
+        let response = self.send(
+            &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(mechanism)),
+        )?;
+        if response.error_code != 0 {
+            let offered: Vec<String> = response.mechanisms.iter().map(|m| m.to_string()).collect();
+            return Err(self.security(format!(
+                "the broker does not accept SASL {mechanism} here (it offers {offered:?})"
+            )));
+        }
+        match sasl.mechanism {
+            Mechanism::Plain => {
+                let token = format!("\0{}\0{}", sasl.username, sasl.password);
+                self.sasl_round(mechanism, token.into_bytes())?;
+            }
+            Mechanism::ScramSha256 | Mechanism::ScramSha512 => {
+                let nonce = Scram::random_nonce().map_err(|e| self.security(e))?;
+                let scram = Scram::new(sasl.mechanism, &sasl.username, &sasl.password, nonce);
+                let server_first = self.sasl_round(mechanism, scram.client_first().into_bytes())?;
+                let (client_final, awaiting) = scram
+                    .client_final(&String::from_utf8_lossy(&server_first))
+                    .map_err(|e| self.security(format!("SASL {mechanism}: {e}")))?;
+                let server_final = self.sasl_round(mechanism, client_final.into_bytes())?;
+                awaiting
+                    .check(&String::from_utf8_lossy(&server_final))
+                    .map_err(|e| self.security(format!("SASL {mechanism}: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One SaslAuthenticate round: our token out, the broker's back.
+    fn sasl_round(&mut self, mechanism: &str, token: Vec<u8>) -> Result<Bytes, WireError> {
+        let response =
+            self.send(&SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)))?;
+        if response.error_code != 0 {
+            let message = response
+                .error_message
+                .map(|m| m.to_string())
+                .unwrap_or_default();
+            return Err(self.security(format!(
+                "SASL {mechanism} authentication failed (error code {}): {message}",
+                response.error_code
+            )));
+        }
+        Ok(response.auth_bytes)
     }
 
     pub fn address(&self) -> &str {
@@ -121,9 +248,9 @@ impl Connection {
     /// for the whole group, up to the rebalance timeout).
     pub fn set_timeout(&mut self, timeout: Duration) -> Result<(), WireError> {
         let address = self.address.clone();
-        self.stream
-            .set_read_timeout(Some(timeout))
-            .and_then(|()| self.stream.set_write_timeout(Some(timeout)))
+        let tcp = self.stream.tcp();
+        tcp.set_read_timeout(Some(timeout))
+            .and_then(|()| tcp.set_write_timeout(Some(timeout)))
             .map_err(|source| WireError::Io {
                 address,
                 what: "setting the socket timeout",
@@ -147,6 +274,13 @@ impl Connection {
 
     fn protocol(&self, detail: String) -> WireError {
         WireError::Protocol {
+            address: self.address.clone(),
+            detail,
+        }
+    }
+
+    fn security(&self, detail: String) -> WireError {
+        WireError::Security {
             address: self.address.clone(),
             detail,
         }
@@ -215,4 +349,44 @@ impl Connection {
         }
         Ok(response)
     }
+}
+
+/// The TLS handshake with the broker at `address`, whose certificate must name its host (or
+/// IP address) unless the configuration says otherwise.
+fn handshake(
+    address: &str,
+    tls: &Arc<rustls::ClientConfig>,
+    mut tcp: TcpStream,
+) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>, WireError> {
+    let failed = |detail: String| WireError::Security {
+        address: address.to_string(),
+        detail,
+    };
+    let host = address
+        .rsplit_once(':')
+        .map_or(address, |(host, _)| host)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let name = match host.parse::<IpAddr>() {
+        Ok(ip) => ServerName::IpAddress(ip.into()),
+        Err(_) => ServerName::try_from(host.to_string())
+            .map_err(|e| failed(format!("{host} is not a TLS server name: {e}")))?,
+    };
+    let mut session = rustls::ClientConnection::new(tls.clone(), name)
+        .map_err(|e| failed(format!("TLS: {e}")))?;
+    while session.is_handshaking() {
+        session.complete_io(&mut tcp).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                // rustls' own verdict: a certificate, a protocol version, a cipher.
+                failed(format!("TLS handshake: {e}"))
+            } else {
+                WireError::Io {
+                    address: address.to_string(),
+                    what: "in the TLS handshake",
+                    source: e,
+                }
+            }
+        })?;
+    }
+    Ok(rustls::StreamOwned::new(session, tcp))
 }

@@ -672,7 +672,11 @@ mod tests {
             None,
             "a store of another changelog partition vouches for nothing here"
         );
-        assert_eq!(store.meta().changelog_offset, Some(42), "and it is untouched");
+        assert_eq!(
+            store.meta().changelog_offset,
+            Some(42),
+            "and it is untouched"
+        );
     }
 
     #[test]
