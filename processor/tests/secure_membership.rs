@@ -100,3 +100,22 @@ fn a_wrong_password_and_a_foreign_ca_are_refused_saying_why() {
         "{why}"
     );
 }
+
+#[test]
+fn without_a_ca_setting_the_systems_store_is_used_and_the_test_beds_ca_is_not_in_it() {
+    let listener = kafka::secure_listener();
+    let mut config = ClientConfig::new();
+    for (k, v) in listener.properties("SCRAM-SHA-512") {
+        if k != "ssl.ca.location" {
+            config.set(k, v);
+        }
+    }
+    let security = Security::from_client(&config)
+        .expect("the system's CA store is read (the machine has one: ca-certificates)");
+    // Certificates are checked, against the system's CAs: the test bed's own CA is not one.
+    let why = refused(&listener, &security);
+    assert!(
+        why.contains("TLS handshake") && why.contains("UnknownIssuer"),
+        "{why}"
+    );
+}

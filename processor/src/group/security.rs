@@ -4,8 +4,9 @@
 //!
 //! Supported: `security.protocol` `plaintext`, `ssl`, `sasl_plaintext` and `sasl_ssl`; SASL
 //! mechanisms `PLAIN`, `SCRAM-SHA-256` and `SCRAM-SHA-512` (Kafka's SaslHandshake and
-//! SaslAuthenticate requests, [`super::scram`]); TLS through rustls with the CA and the client
-//! certificate and key from PEM files or inline PEM, the broker's certificate checked against
+//! SaslAuthenticate requests, [`super::scram`]); TLS through rustls with the CA (or, without
+//! one, the system's CA store, as librdkafka) and the client certificate and key from PEM
+//! files or inline PEM, the broker's certificate checked against
 //! the host name or IP address connected to (librdkafka's default). What it cannot do is
 //! refused with the setting named ([`membership_refuses`], also checked when the processor's
 //! configuration is validated), rather than connecting differently from the rest of the
@@ -122,12 +123,17 @@ fn tls_config<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<rustls::Clie
         (None, Some(pem)) => CertificateDer::pem_slice_iter(pem.as_bytes())
             .collect::<Result<_, _>>()
             .map_err(|e| format!("ssl.ca.pem: {e}"))?,
+        // Neither set: the system's CA store, as librdkafka (OpenSSL) uses then.
         (None, None) => {
-            return Err(
-                "TLS needs ssl.ca.location or ssl.ca.pem (the group membership \
-                        does not read the system's CA store)"
-                    .into(),
-            );
+            let found = rustls_native_certs::load_native_certs();
+            if found.certs.is_empty() {
+                return Err(format!(
+                    "TLS without ssl.ca.location or ssl.ca.pem, and no CA certificates in the \
+                     system's store ({:?}): give the CA (kafka.tls)",
+                    found.errors
+                ));
+            }
+            found.certs
         }
     };
     for ca in cas {
@@ -227,7 +233,13 @@ mod tests {
             ])
             .contains("sasl.username")
         );
-        assert!(refused(&[("security.protocol", "SSL")]).contains("ssl.ca.location"));
+        assert!(
+            refused(&[
+                ("security.protocol", "SSL"),
+                ("ssl.ca.location", "/no/such/ca.crt")
+            ])
+            .contains("ssl.ca.location /no/such/ca.crt")
+        );
         assert!(refused(&[("ssl.keystore.location", "/k.p12")]).contains("ssl.keystore.location"));
         assert!(refused(&[("security.protocol", "tls")]).contains("security.protocol"));
         assert!(
