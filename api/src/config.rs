@@ -662,18 +662,51 @@ pub struct KafkaClient {
     pub properties: BTreeMap<String, String>,
 }
 
-/// SASL mechanisms the state-aware group membership (`standbyReplicas` ≥ 1) speaks on its own
+/// A SASL mechanism the state-aware group membership (`standbyReplicas` ≥ 1) speaks on its own
 /// connections, beside librdkafka's.
-pub const MEMBERSHIP_SASL_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaslMechanism {
+    Plain,
+    ScramSha256,
+    ScramSha512,
+}
 
-/// The first Kafka client setting the state-aware group membership cannot honour, with why.
-/// It speaks TLS (CA and client certificate as PEM, host names checked) and SASL PLAIN and
-/// SCRAM, as librdkafka does; anything that would have it connect differently from the rest
-/// of the processor is refused. `get` reads a client property. Checked when the configuration
-/// is validated and again by the processor when it connects.
-pub fn membership_refuses<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<(String, String)> {
+impl SaslMechanism {
+    pub const ALL: [SaslMechanism; 3] = [
+        SaslMechanism::Plain,
+        SaslMechanism::ScramSha256,
+        SaslMechanism::ScramSha512,
+    ];
+
+    /// Its name in Kafka's protocol and in librdkafka's `sasl.mechanism`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SaslMechanism::Plain => "PLAIN",
+            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
+}
+
+/// How the state-aware group membership connects, read from the Kafka client settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MembershipConnection {
+    pub tls: bool,
+    /// `None`: no SASL.
+    pub sasl: Option<SaslMechanism>,
+}
+
+/// How the state-aware group membership connects, or the first client setting it cannot
+/// honour with why (`(property, why)`). It speaks TLS (CA and client certificate as PEM, host
+/// names checked) and SASL PLAIN and SCRAM, as librdkafka does; anything that would have it
+/// connect differently from the rest of the processor is refused. `get` reads a client
+/// property. Checked when the configuration is validated and again by the processor when it
+/// connects.
+pub fn membership_connection<'a>(
+    get: impl Fn(&str) -> Option<&'a str>,
+) -> Result<MembershipConnection, (String, String)> {
     let get = |k: &str| get(k).map(str::trim).filter(|v| !v.is_empty());
-    let refuse = |key: &str, why: String| Some((key.to_string(), why));
+    let refuse = |key: &str, why: String| Err((key.to_string(), why));
     for (key, why) in [
         (
             "ssl.keystore.location",
@@ -691,9 +724,11 @@ pub fn membership_refuses<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<(
         }
     }
     let protocol = get("security.protocol").unwrap_or("plaintext");
-    let sasl = match protocol.to_ascii_lowercase().as_str() {
-        "plaintext" | "ssl" => false,
-        "sasl_plaintext" | "sasl_ssl" => true,
+    let (tls, sasl) = match protocol.to_ascii_lowercase().as_str() {
+        "plaintext" => (false, false),
+        "ssl" => (true, false),
+        "sasl_plaintext" => (false, true),
+        "sasl_ssl" => (true, true),
         other => {
             return refuse(
                 "security.protocol",
@@ -701,23 +736,29 @@ pub fn membership_refuses<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<(
             );
         }
     };
-    if sasl {
-        let (key, mechanism) = match (get("sasl.mechanism"), get("sasl.mechanisms")) {
+    let sasl = if sasl {
+        let (key, name) = match (get("sasl.mechanism"), get("sasl.mechanisms")) {
             (Some(m), _) => ("sasl.mechanism", m),
             (None, Some(m)) => ("sasl.mechanisms", m),
             (None, None) => ("sasl.mechanism", "GSSAPI"),
         };
-        if !MEMBERSHIP_SASL_MECHANISMS.contains(&mechanism.to_ascii_uppercase().as_str()) {
+        let Some(mechanism) = SaslMechanism::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(name))
+        else {
+            let spoken: Vec<&str> = SaslMechanism::ALL.iter().map(|m| m.name()).collect();
             return refuse(
                 key,
                 format!(
-                    "{mechanism} is not supported with standbys (the group membership speaks \
-                     {})",
-                    MEMBERSHIP_SASL_MECHANISMS.join(", ")
+                    "{name} is not supported with standbys (the group membership speaks {})",
+                    spoken.join(", ")
                 ),
             );
-        }
-    }
+        };
+        Some(mechanism)
+    } else {
+        None
+    };
     if let Some(a) = get("ssl.endpoint.identification.algorithm")
         && !a.eq_ignore_ascii_case("https")
     {
@@ -735,7 +776,7 @@ pub fn membership_refuses<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<(
             "false is not supported with standbys: give the CA (kafka.tls)".into(),
         );
     }
-    None
+    Ok(MembershipConnection { tls, sasl })
 }
 
 /// Client properties the processor sets itself: overriding them would break exactly-once or
@@ -994,8 +1035,8 @@ impl ProcessorConfig {
         }
         self.group_timing()?;
         if self.group.standby_replicas > 0
-            && let Some((key, why)) =
-                membership_refuses(|k| self.kafka.properties.get(k).map(String::as_str))
+            && let Err((key, why)) =
+                membership_connection(|k| self.kafka.properties.get(k).map(String::as_str))
         {
             return Err(ConfigError::field(&format!("kafka.properties.{key}"), why));
         }

@@ -307,6 +307,23 @@ fn standbys_caught_up(h: &ProcessorHealth, ends: &[i64]) -> bool {
             .all(|t| t.store_changelog_offset == Some(ends[t.partition as usize]))
 }
 
+/// Asserts that each pod runs some tasks and keeps a standby of each of the other's; returns
+/// the active tasks of each.
+fn each_active_here_and_warm_there(
+    a: &ProcessorHealth,
+    b: &ProcessorHealth,
+) -> (BTreeSet<i32>, BTreeSet<i32>) {
+    let a_active = in_state(a, TaskState::Active);
+    let b_active = in_state(b, TaskState::Active);
+    assert!(
+        !a_active.is_empty() && !b_active.is_empty(),
+        "{a_active:?} {b_active:?}"
+    );
+    assert_eq!(a_active, in_state(b, TaskState::Standby));
+    assert_eq!(b_active, in_state(a, TaskState::Standby));
+    (a_active, b_active)
+}
+
 /// Starts pod-a and pod-b and has them process `ids` distinct ids.
 fn two_pods_with(app: &App, ids: usize) -> [Processor; 2] {
     let mut pods = [app.start("pod-a"), app.start("pod-b")];
@@ -345,14 +362,7 @@ async fn a_lost_pods_tasks_go_to_the_holders_of_their_standbys_which_replay_only
     let ends = kafka::end_offsets(&app.changelog());
 
     // Each task is active on one pod and kept warm on the other.
-    let a_active = in_state(&a_health, TaskState::Active);
-    let b_active = in_state(&b_health, TaskState::Active);
-    assert!(
-        !a_active.is_empty() && !b_active.is_empty(),
-        "{a_active:?} {b_active:?}"
-    );
-    assert_eq!(a_active, in_state(&b_health, TaskState::Standby));
-    assert_eq!(b_active, in_state(&a_health, TaskState::Standby));
+    let (a_active, b_active) = each_active_here_and_warm_there(&a_health, &b_health);
     assert_eq!(
         a_active.len() + b_active.len(),
         PARTITIONS as usize,
@@ -516,14 +526,7 @@ async fn standbys_work_over_tls_and_sasl_scram_like_the_rest_of_the_processor() 
         }
     });
     let [(a, a_health), (b, b_health)] = two_pods_holding(&app, IDS);
-    let a_active = in_state(&a_health, TaskState::Active);
-    let b_active = in_state(&b_health, TaskState::Active);
-    assert!(
-        !a_active.is_empty() && !b_active.is_empty(),
-        "{a_active:?} {b_active:?}"
-    );
-    assert_eq!(a_active, in_state(&b_health, TaskState::Standby));
-    assert_eq!(b_active, in_state(&a_health, TaskState::Standby));
+    each_active_here_and_warm_there(&a_health, &b_health);
     for pod in [&a, &b] {
         assert!(
             !pod.log_text()

@@ -7,13 +7,13 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ring::{digest, hmac, pbkdf2};
 
-use super::security::Mechanism;
+use streamapp_api::config::SaslMechanism;
 
 /// Kafka refuses fewer iterations; more than this is a server asking for a denial of service.
 const MAX_ITERATIONS: u32 = 100_000;
 
 pub struct Scram {
-    mechanism: Mechanism,
+    mechanism: SaslMechanism,
     password: String,
     client_nonce: String,
     client_first_bare: String,
@@ -26,7 +26,12 @@ pub struct AwaitingServerFinal {
 
 impl Scram {
     /// Starts an exchange with a client nonce (random, printable, without commas).
-    pub fn new(mechanism: Mechanism, username: &str, password: &str, client_nonce: String) -> Self {
+    pub fn new(
+        mechanism: SaslMechanism,
+        username: &str,
+        password: &str,
+        client_nonce: String,
+    ) -> Self {
         let name = username.replace('=', "=3D").replace(',', "=2C");
         Scram {
             mechanism,
@@ -73,19 +78,19 @@ impl Scram {
             return Err(format!("the server asks for {iterations} SCRAM iterations"));
         }
         let (pbkdf, mac, hash, len) = match self.mechanism {
-            Mechanism::ScramSha256 => (
+            SaslMechanism::ScramSha256 => (
                 pbkdf2::PBKDF2_HMAC_SHA256,
                 hmac::HMAC_SHA256,
                 &digest::SHA256,
                 32,
             ),
-            Mechanism::ScramSha512 => (
+            SaslMechanism::ScramSha512 => (
                 pbkdf2::PBKDF2_HMAC_SHA512,
                 hmac::HMAC_SHA512,
                 &digest::SHA512,
                 64,
             ),
-            Mechanism::Plain => return Err("PLAIN is not SCRAM".into()),
+            SaslMechanism::Plain => return Err("PLAIN is not SCRAM".into()),
         };
         let mut salted = vec![0u8; len];
         pbkdf2::derive(
@@ -150,7 +155,7 @@ mod tests {
     #[test]
     fn the_rfc_7677_example_exchange() {
         let scram = Scram::new(
-            Mechanism::ScramSha256,
+            SaslMechanism::ScramSha256,
             "user",
             "pencil",
             "rOprNGfwEbeRWgbNEkqO".into(),
@@ -178,7 +183,7 @@ mod tests {
 
     #[test]
     fn a_server_nonce_that_does_not_extend_ours_is_refused() {
-        let scram = Scram::new(Mechanism::ScramSha512, "u,=", "p", "abc".into());
+        let scram = Scram::new(SaslMechanism::ScramSha512, "u,=", "p", "abc".into());
         assert_eq!(scram.client_first(), "n,,n=u=2C=3D,r=abc");
         assert!(scram.client_final("r=xyz123,s=AAAA,i=4096").is_err());
         assert!(scram.client_final("r=abc,s=AAAA,i=4096").is_err());

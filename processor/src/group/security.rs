@@ -8,7 +8,7 @@
 //! one, the system's CA store, as librdkafka) and the client certificate and key from PEM
 //! files or inline PEM, the broker's certificate checked against
 //! the host name or IP address connected to (librdkafka's default). What it cannot do is
-//! refused with the setting named ([`membership_refuses`], also checked when the processor's
+//! refused with the setting named ([`membership_connection`], also checked when the processor's
 //! configuration is validated), rather than connecting differently from the rest of the
 //! processor.
 
@@ -18,29 +18,11 @@ use rdkafka::config::ClientConfig;
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use streamapp_api::config::membership_refuses;
-
-/// A SASL mechanism the membership speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mechanism {
-    Plain,
-    ScramSha256,
-    ScramSha512,
-}
-
-impl Mechanism {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mechanism::Plain => "PLAIN",
-            Mechanism::ScramSha256 => "SCRAM-SHA-256",
-            Mechanism::ScramSha512 => "SCRAM-SHA-512",
-        }
-    }
-}
+use streamapp_api::config::{SaslMechanism, membership_connection};
 
 #[derive(Clone)]
 pub struct Sasl {
-    pub mechanism: Mechanism,
+    pub mechanism: SaslMechanism,
     pub username: String,
     pub password: String,
 }
@@ -74,23 +56,9 @@ impl Security {
     /// Reads the settings from the processor's librdkafka client configuration. Errors name
     /// the setting.
     pub fn from_client(config: &ClientConfig) -> Result<Self, String> {
-        if let Some((key, why)) = membership_refuses(|k| config.get(k)) {
-            return Err(format!("{key} {why}"));
-        }
-        let get = |key: &str| config.get(key).map(str::trim).filter(|v| !v.is_empty());
-        let protocol = get("security.protocol")
-            .unwrap_or("plaintext")
-            .to_ascii_lowercase();
-        let (tls, sasl) = (protocol.ends_with("ssl"), protocol.starts_with("sasl"));
-        let sasl = if sasl {
-            let mechanism = get("sasl.mechanism")
-                .or(get("sasl.mechanisms"))
-                .unwrap_or_default();
-            let mechanism = match mechanism.to_ascii_uppercase().as_str() {
-                "PLAIN" => Mechanism::Plain,
-                "SCRAM-SHA-256" => Mechanism::ScramSha256,
-                _ => Mechanism::ScramSha512, // membership_refuses let nothing else through
-            };
+        let connection = membership_connection(|k| config.get(k))
+            .map_err(|(key, why)| format!("{key} {why}"))?;
+        let sasl = if let Some(mechanism) = connection.sasl {
             let credential = |key: &str| {
                 config
                     .get(key)
@@ -105,7 +73,8 @@ impl Security {
         } else {
             None
         };
-        let tls = if tls {
+        let get = |key: &str| config.get(key).map(str::trim).filter(|v| !v.is_empty());
+        let tls = if connection.tls {
             Some(Arc::new(tls_config(&get)?))
         } else {
             None
@@ -141,7 +110,7 @@ fn tls_config<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<rustls::Clie
             .add(ca)
             .map_err(|e| format!("a CA certificate is not usable: {e}"))?;
     }
-    // Host names are checked (membership_refuses let no other setting through).
+    // Host names are checked (membership_connection let no other setting through).
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -215,7 +184,7 @@ mod tests {
                 sasl.username.as_str(),
                 sasl.password.as_str()
             ),
-            (Mechanism::ScramSha512, "u", "p")
+            (SaslMechanism::ScramSha512, "u", "p")
         );
     }
 

@@ -23,7 +23,8 @@ use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, Str
 use rustls::pki_types::ServerName;
 
 use super::scram::Scram;
-use super::security::{Mechanism, Sasl, Security};
+use super::security::{Sasl, Security};
+use streamapp_api::config::SaslMechanism;
 
 /// The versions of each API this module speaks: from the first with what static membership
 /// needs (`group.instance.id`, LeaveGroup by instance) to the newest its messages were checked
@@ -203,11 +204,11 @@ impl Connection {
             )));
         }
         match sasl.mechanism {
-            Mechanism::Plain => {
+            SaslMechanism::Plain => {
                 let token = format!("\0{}\0{}", sasl.username, sasl.password);
                 self.sasl_round(mechanism, token.into_bytes())?;
             }
-            Mechanism::ScramSha256 | Mechanism::ScramSha512 => {
+            SaslMechanism::ScramSha256 | SaslMechanism::ScramSha512 => {
                 let nonce = Scram::random_nonce().map_err(|e| self.security(e))?;
                 let scram = Scram::new(sasl.mechanism, &sasl.username, &sasl.password, nonce);
                 let server_first = self.sasl_round(mechanism, scram.client_first().into_bytes())?;
