@@ -102,7 +102,8 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     stop_and_report(copy);
 
     // ---- correctness of what was measured --------------------------------------------------
-    let correct = check_dedup_output("dedup", &dedup_app.output, &dedup_app.duplicates, &dataset);
+    let correct =
+        check_dedup_output("dedup", &dedup_app.output, &dedup_app.duplicates, &dataset).correct;
     let copied = kafka::read_all(&copy_output, Isolation::ReadCommitted, |_| {});
     println!(
         "copy output: {copied} records (expected {})",

@@ -168,7 +168,13 @@ pub fn end_offsets(topic: &str) -> Vec<i64> {
 
 /// The (low, high) watermarks of every partition of `topic`, in partition order.
 fn watermarks(topic: &str) -> Vec<(i64, i64)> {
-    let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
+    // librdkafka's consumers read committed by default, and a read_committed client's "high"
+    // watermark is the last stable offset: below another producer's open transaction, not the
+    // end of the log.
+    let consumer: BaseConsumer = client_config()
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .expect("creating a consumer");
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .expect("topic metadata");

@@ -48,3 +48,30 @@ async fn read_committed_sees_committed_records_only_and_read_uncommitted_sees_al
     let all = kafka::read_all(&topic, Isolation::ReadUncommitted, |_| {});
     assert_eq!(all, COMMITTED + ABORTED);
 }
+
+/// `end_offsets` is the end of the log, records of an open transaction included: a check that
+/// waits for "everything up to the end" must not stop at another producer's open transaction
+/// (a read_committed client's "high watermark" is the last stable offset, which stops there).
+#[tokio::test]
+async fn end_offsets_are_the_logs_end_past_an_open_transaction() {
+    const OPEN: usize = 7;
+    let topic = testbed::unique_name("smoke-ends");
+    kafka::create_topic(&topic, 1).await;
+    let producer = kafka::transactional_producer(&testbed::unique_name("smoke-ends-producer"));
+    producer.begin_transaction().unwrap();
+    for i in 0..OPEN {
+        producer
+            .send(
+                BaseRecord::to(&topic)
+                    .key(&format!("open-{i}"))
+                    .payload("pending"),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+
+    assert_eq!(kafka::end_offsets(&topic), vec![OPEN as i64]);
+    assert_eq!(kafka::read_all(&topic, Isolation::ReadCommitted, |_| {}), 0);
+    producer.abort_transaction(Duration::from_secs(30)).unwrap();
+}

@@ -52,7 +52,12 @@ pub fn run(bench: impl FnOnce(&tokio::runtime::Runtime, &mut Topics<'_>) -> bool
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         bench(&runtime, &mut topics)
     }));
-    topics.delete_all();
+    // A failed run keeps its topics, as it keeps its work dir: they are what to look into.
+    if matches!(result, Ok(true)) {
+        topics.delete_all();
+    } else {
+        println!("topics kept: {}", topics.created.join(" "));
+    }
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -436,10 +441,23 @@ pub fn percentile(sorted: &[i64], q: f64) -> f64 {
     sorted[rank - 1] as f64
 }
 
+/// What an output check found: whether every id was there exactly once, and the line that
+/// says what the output held (printed as it is checked, and again in a run's closing summary
+/// when it is wrong: the end of a long run's output is what a CI log keeps).
+pub struct OutputCheck {
+    pub correct: bool,
+    pub line: String,
+}
+
 /// Checks a dedup system's committed output against the input: every distinct id exactly once
 /// in `output`, nothing else, and every repeat in `duplicates`. The id is the one in the value
 /// (a system may key its output by the id or keep the input's key). Prints what it found.
-pub fn check_dedup_output(name: &str, output: &str, duplicates: &str, dataset: &Dataset) -> bool {
+pub fn check_dedup_output(
+    name: &str,
+    output: &str,
+    duplicates: &str,
+    dataset: &Dataset,
+) -> OutputCheck {
     let mut ids = HashSet::new();
     let mut unknown = 0u64;
     let records = kafka::read_all(output, Isolation::ReadCommitted, |m| {
@@ -449,20 +467,22 @@ pub fn check_dedup_output(name: &str, output: &str, duplicates: &str, dataset: &
         }
         ids.insert(id);
     });
+    let missing = dataset.ids.iter().filter(|id| !ids.contains(*id)).count();
     let dups = kafka::read_all(duplicates, Isolation::ReadCommitted, |_| {});
     let expected_dups = (dataset.records - dataset.distinct) as usize;
     let correct = records == ids.len()
         && unknown == 0
         && ids.len() as u64 == dataset.distinct
         && dups == expected_dups;
-    println!(
-        "{name} output: {records} records, {} distinct ids, {unknown} not in the input (input has {} distinct); \
+    let line = format!(
+        "{name} output: {records} records, {} distinct ids, {unknown} not in the input, {missing} of the input's missing (input has {} distinct); \
          duplicates topic: {dups} (expected {expected_dups}) — each id exactly once: {}",
         ids.len(),
         dataset.distinct,
         if correct { "yes" } else { "NO" }
     );
-    correct
+    println!("{line}");
+    OutputCheck { correct, line }
 }
 
 /// Extra librdkafka properties for the Rust systems' clients (`BENCH_SYSTEM_PROPS="k=v,k=v"`),
@@ -609,4 +629,27 @@ pub fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// The last `max` warnings and errors of a system's log, indented: what a wrong output's
+/// summary shows of the system that wrote it.
+pub fn log_warnings(path: &Path, max: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        // librdkafka's notes on a property meant for the other client kind are not news.
+        .filter(|l| (l.contains("WARN") || l.contains("ERROR")) && !l.contains("CONFWARN"))
+        .collect();
+    let shown = &lines[lines.len().saturating_sub(max)..];
+    format!(
+        "{} ({} warnings and errors, the last {} shown):\n{}",
+        path.display(),
+        lines.len(),
+        shown.len(),
+        shown
+            .iter()
+            .map(|l| format!("      {l}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    )
 }

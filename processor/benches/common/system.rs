@@ -129,7 +129,7 @@ impl System {
                 repartition_backlog: 0,
             };
         };
-        let ends = end_offsets(repartition);
+        let ends = kafka::end_offsets(repartition);
         let done = committed(watcher, repartition);
         Progress {
             input,
@@ -296,6 +296,24 @@ impl Progress {
     }
 }
 
+/// Per partition, the ends of a system's input and repartition topic next to what its group
+/// (`watcher`'s) committed on them: what the summary of a wrong output shows.
+pub fn offsets_report(watcher: &BaseConsumer, input: &str, repartition: Option<&str>) -> String {
+    let mut lines = vec![format!(
+        "input {input}: ends {:?}, committed {:?}",
+        kafka::end_offsets(input),
+        committed(watcher, input)
+    )];
+    if let Some(r) = repartition {
+        lines.push(format!(
+            "repartition {r}: ends {:?}, committed {:?}",
+            kafka::end_offsets(r),
+            committed(watcher, r)
+        ));
+    }
+    lines.join("\n    ")
+}
+
 /// The offsets a group committed on a topic's partitions (0 where none).
 pub fn committed(watcher: &BaseConsumer, topic: &str) -> Vec<u64> {
     let mut tpl = TopicPartitionList::new();
@@ -316,19 +334,6 @@ pub fn committed(watcher: &BaseConsumer, topic: &str) -> Vec<u64> {
     }
 }
 
-/// The end offsets (high watermarks) of a topic's partitions.
-pub fn end_offsets(topic: &str) -> Vec<i64> {
-    let consumer: BaseConsumer = kafka::client_config().create().expect("consumer");
-    (0..PARTITIONS)
-        .map(|p| {
-            consumer
-                .fetch_watermarks(topic, p, Duration::from_secs(10))
-                .expect("fetch_watermarks")
-                .1
-        })
-        .collect()
-}
-
 /// Per partition of `topic`, the offset just past its last committed record: what a consumer
 /// that has read everything commits. Waits until no transaction below the current end is open
 /// (a killed instance's is aborted when its transaction times out), then reads each partition's
@@ -336,7 +341,7 @@ pub fn end_offsets(topic: &str) -> Vec<i64> {
 /// and the commit markers.
 fn past_last_records(topic: &str) -> Vec<u64> {
     const TAIL_WINDOW: i64 = 100_000;
-    let ends = end_offsets(topic);
+    let ends = kafka::end_offsets(topic);
     let deadline = Instant::now() + STALL_TIMEOUT;
     let before_deadline = |what: &str| {
         assert!(

@@ -30,15 +30,15 @@ pub struct Failover {
 
 /// Runs `app` as two instances (`app` configured with or without standbys), loads `loaded`,
 /// waits until every standby copy is caught up, kills one instance under live traffic and
-/// measures the survivor's takeover. Returns the figures and whether the output is exactly once
-/// across the failover.
+/// measures the survivor's takeover. Returns the figures and the check of the output across the
+/// failover (with both instances' warnings when wrong).
 pub fn fail_over(
     settings: &Settings,
     app: &App,
     standby_replicas: u32,
     loaded: &Dataset,
     keying: Keying,
-) -> (Failover, bool) {
+) -> (Failover, OutputCheck) {
     let name = app.peer.name();
     let mut instances: Vec<System> = INSTANCES
         .iter()
@@ -64,6 +64,7 @@ pub fn fail_over(
         loaded.records, INSTANCES[lost_index]
     );
     let restored_before = app.restored(&survivor);
+    let logs = [lost.log.clone(), survivor.log.clone()];
 
     let mut traffic = CrashTraffic::new(&app.input, loaded, keying);
     let sent = traffic.live();
@@ -83,16 +84,26 @@ pub fn fail_over(
         failover.caught_up_s,
         failover.restored
     );
-    let ok = app.check(&format!("  {name} (across the failover)"), &traffic.sent());
-    if !ok && app.peer == crate::systems::Peer::Streamapp {
-        let dead_letters = kafka::read_all(
-            &format!("{}-dlq", app.id),
-            kafka::Isolation::ReadCommitted,
-            |_| {},
+    let mut check = app.check(&format!("  {name} (across the failover)"), &traffic.sent());
+    if !check.correct {
+        check.line = format!(
+            "{}\n    {}",
+            check.line,
+            offsets_report(&watcher, &app.input, app.repartition.as_deref())
         );
-        println!("  {name}: {dead_letters} dead letters (work dir and topics kept)");
+        for log in &logs {
+            check.line = format!("{}\n    {}", check.line, log_warnings(log, 20));
+        }
+        if app.peer == crate::systems::Peer::Streamapp {
+            let dead_letters = kafka::read_all(
+                &format!("{}-dlq", app.id),
+                kafka::Isolation::ReadCommitted,
+                |_| {},
+            );
+            check.line = format!("{}\n    {name}: {dead_letters} dead letters", check.line);
+        }
     }
-    (failover, ok)
+    (failover, check)
 }
 
 /// "1 standby", "no standby": how the rows and lines name a configuration.

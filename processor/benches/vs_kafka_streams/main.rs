@@ -357,7 +357,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                     print_processor_metrics(&system);
                 }
                 system.stop();
-                if !app.check(&format!("  {}", peer.name()), &dataset) {
+                if !app.check(&format!("  {}", peer.name()), &dataset).correct {
                     println!(
                         "AN OUTPUT WAS NOT EXACTLY ONCE: no figure of this run means anything; stopping here (work dir kept)"
                     );
@@ -435,7 +435,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                 },
             );
             system.stop();
-            if !app.check(&format!("  {}", peer.name()), &sent) {
+            if !app.check(&format!("  {}", peer.name()), &sent).correct {
                 println!("AN OUTPUT WAS NOT EXACTLY ONCE: stopping here (work dir kept)");
                 return false;
             }
@@ -452,7 +452,8 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     }
 
     // ---- recovery after kill -9 --------------------------------------------------------------
-    let mut correct = true;
+    // What was wrong, each with its check and the system's warnings: repeated at the end.
+    let mut wrong: Vec<String> = Vec::new();
     for &keys in settings
         .recovery_keys
         .iter()
@@ -478,10 +479,17 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                     settings.keying,
                     &options,
                 );
-                let (recovery, ok) = recover(settings, &app, &loaded, settings.keying);
-                correct &= ok;
+                let (recovery, check) = recover(settings, &app, &loaded, settings.keying);
+                if !check.correct {
+                    wrong.push(format!(
+                        "recovery with {keys} keys, run {}, {}:\n{}",
+                        r + 1,
+                        peer.name(),
+                        check.line
+                    ));
+                }
                 row.push((peer, recovery));
-                remove_unless_wrong(topics, &app, ok);
+                remove_unless_wrong(topics, &app, check.correct);
             }
         }
         measured.recoveries.push((keys, row));
@@ -518,11 +526,19 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                         settings.keying,
                         &options,
                     );
-                    let (figures, ok) =
+                    let (figures, check) =
                         fail_over(settings, &app, standby_replicas, &loaded, settings.keying);
-                    correct &= ok;
+                    if !check.correct {
+                        wrong.push(format!(
+                            "failover with {keys} keys, {}, run {}, {}:\n{}",
+                            failover::describe(standby_replicas),
+                            r + 1,
+                            peer.name(),
+                            check.line
+                        ));
+                    }
                     row.push((peer, figures));
-                    remove_unless_wrong(topics, &app, ok);
+                    remove_unless_wrong(topics, &app, check.correct);
                 }
             }
             measured.failovers.push(FailoverRuns {
@@ -538,15 +554,20 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     table.write_csv(&settings.csv);
     println!("CSV: {}", settings.csv.display());
     println!("load average at end: {}", loadavg());
-    if !correct {
+    for what in &wrong {
+        println!("NOT EXACTLY ONCE: {what}");
+    }
+    if !wrong.is_empty() {
         println!(
-            "AN OUTPUT WAS NOT EXACTLY ONCE AFTER A CRASH OR FAILOVER: see above (work dir kept)"
+            "AN OUTPUT WAS NOT EXACTLY ONCE AFTER A CRASH OR FAILOVER: {} run(s), listed above (work dir {} kept)",
+            wrong.len(),
+            work.path().display()
         );
     }
     if !steady_state {
         println!("A LATENCY RUN FOUND NO STEADY STATE: see above");
     }
-    let passed = correct && steady_state;
+    let passed = wrong.is_empty() && steady_state;
     if passed && std::env::var_os("BENCH_KEEP_WORK").is_none() {
         let _ = std::fs::remove_dir_all(work.path());
     }

@@ -95,14 +95,14 @@ pub struct Recovery {
 }
 
 /// Loads `loaded` into a fresh `app`, crashes it under live traffic, restarts it and measures
-/// how long it takes to produce again. Returns the figures and whether its output is exactly
-/// once across the crash.
+/// how long it takes to produce again. Returns the figures and the check of its output across
+/// the crash (with the warnings of its log when wrong).
 pub fn recover(
     settings: &Settings,
     app: &App,
     loaded: &Dataset,
     keying: Keying,
-) -> (Recovery, bool) {
+) -> (Recovery, OutputCheck) {
     let name = app.peer.name();
     let mut system = app.start(settings);
     let watcher = system.offsets_watcher();
@@ -118,7 +118,7 @@ pub fn recover(
     system.kill9();
     // While it is down, new records arrive; output from here on is new output.
     traffic.after();
-    let receiver = Receiver::start(&app.output, Some(&end_offsets(&app.output)));
+    let receiver = Receiver::start(&app.output, Some(&kafka::end_offsets(&app.output)));
 
     let restarted = Instant::now();
     let mut system = app.start(settings);
@@ -143,11 +143,20 @@ pub fn recover(
         restored: app.restored(&system),
     };
     receiver.stop();
+    let log = system.log.clone();
     system.stop();
     println!(
         "  {name}: after kill -9 ({sent} live records in flight): first new committed output {:.2} s after the restart, caught up after {:.2} s, {} changelog records restored",
         recovery.first_output_s, recovery.caught_up_s, recovery.restored
     );
-    let ok = app.check(&format!("  {name} (across the crash)"), &traffic.sent());
-    (recovery, ok)
+    let mut check = app.check(&format!("  {name} (across the crash)"), &traffic.sent());
+    if !check.correct {
+        check.line = format!(
+            "{}\n    {}\n    {}",
+            check.line,
+            offsets_report(&watcher, &app.input, app.repartition.as_deref()),
+            log_warnings(&log, 20)
+        );
+    }
+    (recovery, check)
 }

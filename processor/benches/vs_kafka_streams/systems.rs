@@ -249,18 +249,19 @@ impl App {
 
     /// Exactly once: a dedup system's committed output holds every id of `dataset` once and
     /// nothing else, its duplicates topic every repeat; the copy's output every input record.
-    pub fn check(&self, label: &str, dataset: &Dataset) -> bool {
+    pub fn check(&self, label: &str, dataset: &Dataset) -> OutputCheck {
         if self.peer != Peer::Copy {
             return check_dedup_output(label, &self.output, &self.duplicates, dataset);
         }
         let copied = kafka::read_all(&self.output, Isolation::ReadCommitted, |_| {}) as u64;
         let correct = copied == dataset.records;
-        println!(
+        let line = format!(
             "{label} output: {copied} records (input {}) — every record exactly once: {}",
             dataset.records,
             if correct { "yes" } else { "NO" }
         );
-        correct
+        println!("{line}");
+        OutputCheck { correct, line }
     }
 
     /// Changelog records the latest start restored: the processor's metric, or the sum of the
