@@ -342,7 +342,7 @@ impl Sent {
     /// are keyed by an order id unrelated to their command id (the example finds the id in the
     /// value), so repeats land on other partitions than their first occurrence.
     pub fn produce(&mut self, scenario: &Scenario, count: usize, repeats: f64, bad: usize) {
-        let producer: BaseProducer = kafka::client_config()
+        let producer: BaseProducer = kafka::input_producer_config()
             .set("linger.ms", "5")
             .create()
             .expect("a producer");

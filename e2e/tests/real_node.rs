@@ -575,7 +575,7 @@ async fn too_little_memory_is_refused_and_an_oom_kill_by_the_kernel_shows_in_the
             .unwrap();
     s.apply(&app);
     s.wait_ready(READY_TIMEOUT).await;
-    let producer: BaseProducer = testbed::kafka::client_config().create().unwrap();
+    let producer: BaseProducer = testbed::kafka::input_producer_config().create().unwrap();
     testbed::kafka::send(
         &producer,
         BaseRecord::to(&s.topics.input)

@@ -59,7 +59,7 @@ async fn three_processors_keep_exactly_once_through_kill_9s_a_zombie_and_a_broke
     let sender = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            let producer: BaseProducer = kafka::client_config()
+            let producer: BaseProducer = kafka::input_producer_config()
                 .set("linger.ms", "5")
                 .create()
                 .unwrap();

@@ -38,6 +38,15 @@ pub fn client_config() -> ClientConfig {
     config
 }
 
+/// A client configuration for a producer of a test's input: idempotent, so that a send the
+/// client retries (a timed-out request the broker did write) cannot put a record in twice —
+/// an input holding a record the test did not send fails its exactly-once check for nothing.
+pub fn input_producer_config() -> ClientConfig {
+    let mut config = client_config();
+    config.set("enable.idempotence", "true");
+    config
+}
+
 /// Creates a topic with `partitions` partitions (replication factor 1) and waits until the
 /// broker's metadata shows it.
 pub async fn create_topic(name: &str, partitions: i32) {

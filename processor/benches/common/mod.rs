@@ -313,7 +313,7 @@ pub fn measure_latency(
     dedups: bool,
 ) {
     let receiver = Receiver::start(output, None);
-    let producer: BaseProducer = kafka::client_config()
+    let producer: BaseProducer = kafka::input_producer_config()
         .set("linger.ms", "1")
         .create()
         .expect("producer");

@@ -163,7 +163,7 @@ pub enum RecordTime {
 
 /// A producer tuned for bulk loads.
 pub fn bulk_producer() -> BaseProducer {
-    kafka::client_config()
+    kafka::input_producer_config()
         .set("linger.ms", "20")
         .set("batch.size", "1000000")
         .set("queue.buffering.max.messages", "500000")

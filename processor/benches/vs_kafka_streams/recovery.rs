@@ -32,7 +32,7 @@ pub struct CrashTraffic {
 impl CrashTraffic {
     pub fn new(input: &str, loaded: &Dataset, keying: Keying) -> Self {
         CrashTraffic {
-            producer: kafka::client_config()
+            producer: kafka::input_producer_config()
                 .set("linger.ms", "1")
                 .create()
                 .expect("producer"),

@@ -182,7 +182,7 @@ pub fn measure_latency(
     } = run;
     let watcher = system.offsets_watcher();
     let receiver = Receiver::start(output, None);
-    let producer: BaseProducer = kafka::client_config()
+    let producer: BaseProducer = kafka::input_producer_config()
         .set("linger.ms", "1")
         .create()
         .expect("producer");

@@ -271,7 +271,7 @@ impl App {
     /// explicit record times, and waits until the broker has them.
     pub fn produce(&self, records: &[Input]) {
         let before: i64 = kafka::end_offsets(&self.input).iter().sum();
-        let producer: BaseProducer = kafka::client_config()
+        let producer: BaseProducer = kafka::input_producer_config()
             .set("linger.ms", "5")
             // Room for values around the processor's limits (the broker takes 1,048,588).
             .set("message.max.bytes", "2000000")
