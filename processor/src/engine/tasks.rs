@@ -513,6 +513,17 @@ impl Engine {
         let committed = consumer
             .committed_offsets(tpl, Duration::from_secs(30))
             .map_err(|e| EngineError::Fatal(format!("fetching committed offsets: {e}")))?;
+        // An error of one partition (an offset still part of a transaction, say) comes back as
+        // that partition's entry with no offset, which would read "nothing committed" and
+        // start the partition from its beginning: the engine starts again instead.
+        if let Some(e) = committed.elements().iter().find(|e| e.error().is_err()) {
+            return Err(EngineError::Fatal(format!(
+                "fetching the committed offset of {} partition {}: {:?}",
+                e.topic(),
+                e.partition(),
+                e.error()
+            )));
+        }
         let committed_at = |topic: &str, p: i32| {
             committed
                 .find_partition(topic, p)
