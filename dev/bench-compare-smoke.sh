@@ -20,9 +20,11 @@ rows=$(grep -c "^failover 5k keys" "$out/vs-kafka-streams.csv")
 ((rows == 4)) || die "bench-compare smoke: expected 4 failover rows in the CSV, found $rows"
 grep -q "exactly once: NO" "$out/vs-kafka-streams.txt" &&
   die "bench-compare smoke: an output was not exactly once (see $out/vs-kafka-streams.txt)"
-# Throughput: 5 systems; latency: 4; recovery: 3; failover: 2, with and without standbys — each
-# output checked once.
+rows=$(grep -c "^scaling: " "$out/vs-kafka-streams.csv")
+((rows == 6)) || die "bench-compare smoke: expected 6 scaling rows in the CSV, found $rows"
+# Throughput: 5 systems; latency: 4; recovery: 3; failover: 2, with and without standbys;
+# scaling: 1, 2 and 4 processes — each output checked once.
 checks=$(grep -c "exactly once: yes" "$out/vs-kafka-streams.txt")
-((checks == 16)) ||
-  die "bench-compare smoke: expected 16 passed exactly-once checks, found $checks (see $out/vs-kafka-streams.txt)"
+((checks == 19)) ||
+  die "bench-compare smoke: expected 19 passed exactly-once checks, found $checks (see $out/vs-kafka-streams.txt)"
 log "bench-compare smoke passed: $out"

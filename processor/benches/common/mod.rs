@@ -97,6 +97,8 @@ pub struct AppOptions {
     /// The group's `session.timeout.ms` (and a heartbeat a third of it); the client's
     /// default when `None`.
     pub session_timeout: Option<Duration>,
+    /// Partitions of the application's own topics (its input's count).
+    pub partitions: i32,
 }
 
 impl AppOptions {
@@ -107,6 +109,7 @@ impl AppOptions {
             retention: RETENTION,
             standby_replicas: 0,
             session_timeout: None,
+            partitions: PARTITIONS,
         }
     }
 
@@ -150,7 +153,7 @@ impl DedupApp {
             format!("{id}-dups"),
             format!("{id}-dlq"),
         );
-        topics.create(&[&output, &duplicates, &dead_letters]);
+        topics.create_with(&[&output, &duplicates, &dead_letters], options.partitions);
         // The processor creates its changelog; listed here so that it is deleted at the end.
         topics.created.push(format!("{id}-dedup-changelog"));
         let repartition = options
@@ -498,7 +501,7 @@ pub fn system_properties() -> std::collections::BTreeMap<String, String> {
 
 // ---- small helpers -------------------------------------------------------------------------
 
-/// Creates topics (4 partitions) and remembers them for deletion.
+/// Creates topics ([`PARTITIONS`] unless told) and remembers them for deletion.
 pub struct Topics<'a> {
     pub runtime: &'a tokio::runtime::Runtime,
     pub created: Vec<String>,
@@ -506,8 +509,13 @@ pub struct Topics<'a> {
 
 impl Topics<'_> {
     pub fn create(&mut self, names: &[&str]) {
+        self.create_with(names, PARTITIONS);
+    }
+
+    /// Creates topics of `partitions` partitions.
+    pub fn create_with(&mut self, names: &[&str], partitions: i32) {
         for name in names {
-            self.runtime.block_on(kafka::create_topic(name, PARTITIONS));
+            self.runtime.block_on(kafka::create_topic(name, partitions));
             self.created.push((*name).to_string());
         }
     }
@@ -623,6 +631,22 @@ pub fn loadavg() -> String {
 
 pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(0, usize::from)
+}
+
+/// How many partitions `topic` has: asked once per topic (a benchmark never changes it); a
+/// topic not there yet has none and is asked again.
+pub fn partitions_of(topic: &str) -> i32 {
+    static KNOWN: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, i32>>> =
+        std::sync::OnceLock::new();
+    let known = KNOWN.get_or_init(Default::default);
+    if let Some(&n) = known.lock().unwrap().get(topic) {
+        return n;
+    }
+    let n = kafka::end_offsets(topic).len() as i32;
+    if n > 0 {
+        known.lock().unwrap().insert(topic.to_string(), n);
+    }
+    n
 }
 
 pub fn log_tail(path: &Path) -> String {

@@ -316,8 +316,9 @@ pub fn offsets_report(watcher: &BaseConsumer, input: &str, repartition: Option<&
 
 /// The offsets a group committed on a topic's partitions (0 where none).
 pub fn committed(watcher: &BaseConsumer, topic: &str) -> Vec<u64> {
+    let partitions = partitions_of(topic);
     let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
+    for p in 0..partitions {
         tpl.add_partition(topic, p);
     }
     match watcher.committed_offsets(tpl, Duration::from_secs(5)) {
@@ -330,7 +331,7 @@ pub fn committed(watcher: &BaseConsumer, topic: &str) -> Vec<u64> {
             })
             .collect(),
         // Not known yet (e.g. an offset commit in flight): asked again on the next tick.
-        Err(_) => vec![0; PARTITIONS as usize],
+        Err(_) => vec![0; partitions as usize],
     }
 }
 

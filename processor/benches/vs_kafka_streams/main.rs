@@ -71,12 +71,21 @@
 //!    for the dead instance's open transaction to time out (`transaction.timeout.ms` 10 s on
 //!    both; until then no read_committed reader gets past it in the repartition topic). Output
 //!    checked exactly once across the failover.
-//! 6. A table with the medians, spreads and ratios, the goals met or not, and a CSV
+//! 6. Scaling out (streamapp only): `BENCH_SCALING_RECORDS` (default half of `BENCH_RECORDS`)
+//!    records on an input of 8 partitions, consumed by 1, 2 and 4 processes of one group in
+//!    turn (`BENCH_SCALING_PROCESSES`), each process one processing thread, `BENCH_RUNS` runs
+//!    (record times of the load and the full hour of retention: nothing expires; with record
+//!    times spread over retentions, one process running ahead of another in record time would
+//!    expire first sightings, as the window means it to)
+//!    in alternating order; measured like phase 1 with the CPU and memory of all processes added
+//!    up, and how busy the whole machine was (where throughput stops growing, that says whether
+//!    the machine was the limit). Output checked exactly once after each.
+//! 7. A table with the medians, spreads and ratios, the goals met or not, and a CSV
 //!    (`BENCH_CSV`, default bench/results/vs-kafka-streams.csv) from which
 //!    bench/compare/chart.py draws the PNG.
 //!
-//! `BENCH_PHASES` (e.g. `recovery`) runs only some of phases 1–5 (`throughput`, `latency`,
-//! `recovery`, `failover`; the table shows – for what was not run), `BENCH_PEERS` (e.g.
+//! `BENCH_PHASES` (e.g. `recovery`) runs only some of phases 1–6 (`throughput`, `latency`,
+//! `recovery`, `failover`, `scaling`; the table shows – for what was not run), `BENCH_PEERS` (e.g.
 //! `streamapp,ks-window`) only some systems.
 //!
 //! Other knobs: `BENCH_JAVA`, `BENCH_JAVA_OPTS` (default `-Xmx1g`), `BENCH_KEEP_WORK` (keep logs
@@ -89,6 +98,7 @@ mod common;
 mod failover;
 mod recovery;
 mod report;
+mod scaling;
 mod steady;
 mod systems;
 
@@ -100,6 +110,7 @@ use common::*;
 use failover::{Failover, fail_over};
 use recovery::{Recovery, recover};
 use report::{Better, Row, Table, format_keys};
+use scaling::ScalingRun;
 use steady::{Latency, LatencyRun, Throughput};
 use systems::{App, Peer};
 use testbed::kafka;
@@ -117,7 +128,7 @@ fn main() -> ExitCode {
 }
 
 /// The phases of a run, in order (`BENCH_PHASES` picks some).
-const PHASES: [&str; 4] = ["throughput", "latency", "recovery", "failover"];
+const PHASES: [&str; 5] = ["throughput", "latency", "recovery", "failover", "scaling"];
 
 pub struct Settings {
     records: u64,
@@ -130,6 +141,9 @@ pub struct Settings {
     latency_duration: Duration,
     recovery_keys: Vec<u64>,
     failover_keys: Vec<u64>,
+    /// Scaling: how many processes in turn (`BENCH_SCALING_PROCESSES`), on how many records.
+    scaling_processes: Vec<u64>,
+    scaling_records: u64,
     /// The phases to run (`BENCH_PHASES`), all by default.
     phases: Vec<String>,
     /// The systems to run (`BENCH_PEERS`, by name), all by default.
@@ -176,6 +190,11 @@ impl Settings {
             latency_duration: Duration::from_secs(env_num("BENCH_LATENCY_SECONDS", 20)),
             recovery_keys: key_counts("BENCH_RECOVERY_KEYS", "20000,1000000,5000000"),
             failover_keys: key_counts("BENCH_FAILOVER_KEYS", "1000000"),
+            scaling_processes: key_counts("BENCH_SCALING_PROCESSES", "1,2,4"),
+            scaling_records: env_num(
+                "BENCH_SCALING_RECORDS",
+                env_num("BENCH_RECORDS", 5_000_000) / 2,
+            ),
             phases: var("BENCH_PHASES")
                 .unwrap_or_else(|| PHASES.join(","))
                 .split(',')
@@ -229,6 +248,7 @@ impl Settings {
             retention,
             standby_replicas: 0,
             session_timeout: None,
+            partitions: PARTITIONS,
         }
     }
 
@@ -261,6 +281,7 @@ struct Measured {
     latency: Vec<(Peer, Latency)>,
     recoveries: Vec<(u64, Vec<(Peer, Recovery)>)>,
     failovers: Vec<FailoverRuns>,
+    scaling: Vec<ScalingRun>,
 }
 
 /// The failover runs of one key count and number of standby copies.
@@ -308,31 +329,8 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     // ---- throughput, each run checked exactly once -------------------------------------------
     if settings.runs("throughput") {
         let input = format!("{run}-in");
-        topics.create(&[&input]);
-        let started = Instant::now();
-        // Five retentions of record time, but at most a 100,000th of a retention per record: the
-        // repartition stage interleaves the input partitions' records, one partition ahead of
-        // another by thousands of records, and that disorder must stay well under the retention,
-        // or a store's stream time runs so far ahead that a repeat's first sighting has expired
-        // (in either system: a record older than stream time minus the retention counts as
-        // expired). Runs under 500,000 records therefore cover less than five retentions.
-        let span = (settings.retention * 5).min(
-            settings
-                .retention
-                .mul_f64(settings.records as f64 / MAX_RECORDS_PER_RETENTION),
-        );
-        // Repeats within a quarter retention of record time: 70% of the records are new ids.
-        let recent =
-            (settings.records as f64 * settings.retention.as_secs_f64() / 4.0 / span.as_secs_f64()
-                * 0.7) as u64;
-        let workload = Workload::new().keyed(settings.keying).recent(recent);
-        let dataset = produce_dataset(
-            &input,
-            settings.records,
-            workload,
-            RecordTime::Spread { span },
-        );
-        describe_dataset(&dataset, started.elapsed().as_secs_f64());
+        let (dataset, span) =
+            throughput_input(settings, topics, &input, settings.records, PARTITIONS);
         println!(
             "throughput: record times span {span:?} ({:.1} retentions); measured from {:.0}% to {:.0}% of the input committed through every stage",
             span.as_secs_f64() / settings.retention.as_secs_f64(),
@@ -549,6 +547,57 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         }
     }
 
+    // ---- scaling out: 1, 2, 4 processes on 8 partitions ------------------------------------
+    if settings.runs("scaling") && settings.peers.contains(&Peer::Streamapp) {
+        let input = format!("{run}-scale-in");
+        topics.create_with(&[&input], scaling::PARTITIONS);
+        let started = Instant::now();
+        // Record times of the load, and the full hour of retention: nothing expires. (Spread
+        // over several retentions as in the throughput phase, a process that routes faster
+        // than another runs its records ahead in record time, and a first sighting can expire
+        // before its repeat, routed by the slower one, arrives — as the window means it to.)
+        let dataset = produce_dataset(
+            &input,
+            settings.scaling_records,
+            Workload::new().keyed(settings.keying),
+            RecordTime::Now,
+        );
+        describe_dataset(&dataset, started.elapsed().as_secs_f64());
+        for r in 0..settings.runs {
+            println!(
+                "scaling run {}/{}: streamapp as {:?} processes on {} partitions",
+                r + 1,
+                settings.runs,
+                settings.scaling_processes,
+                scaling::PARTITIONS
+            );
+            let mut order = settings.scaling_processes.clone();
+            if r % 2 == 1 {
+                order.reverse();
+            }
+            for processes in order {
+                let id = format!("{run}-s{r}-{processes}p");
+                let (figures, check) = scaling::run_processes(
+                    settings,
+                    topics,
+                    work.path(),
+                    &id,
+                    &input,
+                    &dataset,
+                    processes as usize,
+                );
+                if !check.correct {
+                    println!(
+                        "AN OUTPUT WAS NOT EXACTLY ONCE: no figure of this run means anything; stopping here (work dir kept)"
+                    );
+                    return false;
+                }
+                measured.scaling.push(figures);
+            }
+        }
+        topics.delete(&[input]);
+    }
+
     let table = table(&measured, settings);
     table.print(settings.latency_percent);
     table.write_csv(&settings.csv);
@@ -572,6 +621,37 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         let _ = std::fs::remove_dir_all(work.path());
     }
     passed
+}
+
+/// The input of a throughput measurement: `records` records on a new topic `input` of
+/// `partitions` partitions, whose record times span five retentions — but at most a 100,000th
+/// of a retention per record: the repartition stage interleaves the input partitions' records,
+/// one partition ahead of another by thousands of records, and that disorder must stay well
+/// under the retention, or a store's stream time runs so far ahead that a repeat's first
+/// sighting has expired (in either system: a record older than stream time minus the retention
+/// counts as expired). Runs under 500,000 records therefore cover less than five retentions.
+/// Repeats fall within a quarter retention of record time; 70% of the records are new ids.
+/// Returns the dataset and the span.
+fn throughput_input(
+    settings: &Settings,
+    topics: &mut Topics<'_>,
+    input: &str,
+    records: u64,
+    partitions: i32,
+) -> (Dataset, Duration) {
+    topics.create_with(&[input], partitions);
+    let started = Instant::now();
+    let span = (settings.retention * 5).min(
+        settings
+            .retention
+            .mul_f64(records as f64 / MAX_RECORDS_PER_RETENTION),
+    );
+    let recent =
+        (records as f64 * settings.retention.as_secs_f64() / 4.0 / span.as_secs_f64() * 0.7) as u64;
+    let workload = Workload::new().keyed(settings.keying).recent(recent);
+    let dataset = produce_dataset(input, records, workload, RecordTime::Spread { span });
+    describe_dataset(&dataset, started.elapsed().as_secs_f64());
+    (dataset, span)
 }
 
 /// A new application `id` of `peer` on an input of its own holding `keys` distinct ids (the
@@ -718,6 +798,31 @@ fn table(m: &Measured, settings: &Settings) -> Table {
             "records",
             Better::Lower,
             failover(|f| f.restored as f64),
+        ));
+    }
+    for &processes in &settings.scaling_processes {
+        let runs: Vec<(Peer, Throughput)> = m
+            .scaling
+            .iter()
+            .filter(|s| s.processes as u64 == processes)
+            .map(|s| (Peer::Streamapp, s.figures))
+            .collect();
+        let scaled = |f: fn(&Throughput) -> f64| per_peer(&runs, f);
+        let label = format!(
+            "scaling: {processes} process(es), {} partitions",
+            scaling::PARTITIONS
+        );
+        rows.push(Row::new(
+            format!("{label}: throughput"),
+            "records/s",
+            Better::Higher,
+            scaled(|t| t.records_per_s),
+        ));
+        rows.push(Row::new(
+            format!("{label}: machine busy"),
+            "cores",
+            Better::Neither,
+            scaled(|t| t.machine_busy_cores),
         ));
     }
     Table { rows }

@@ -250,6 +250,38 @@ impl Table {
                 );
             }
         }
+        // Issue 15: scaling out, with how busy the machine was (on 2 cores, 2 processes and the
+        // broker share them: where throughput stops growing, the machine is the limit).
+        let scaling = |processes: u32| {
+            let label = format!("scaling: {processes} process(es)");
+            let throughput = self
+                .find(&format!("{label}, "))
+                .filter(|r| r.metric.ends_with(": throughput"))
+                .and_then(|r| r.get(Peer::Streamapp))?;
+            let busy = self
+                .rows
+                .iter()
+                .find(|r| r.metric.starts_with(&label) && r.metric.ends_with(": machine busy"))
+                .and_then(|r| r.get(Peer::Streamapp));
+            Some((throughput, busy))
+        };
+        if let (Some((one, _)), Some((two, busy))) = (scaling(1), scaling(2)) {
+            println!(
+                "goal: scaling, 2 processes at least 1.7x one process: {:.2}x (machine busy {} of {} cores) — {}",
+                two / one,
+                busy.map_or("-".into(), |b| format!("{b:.2}")),
+                crate::common::cores(),
+                verdict(two >= 1.7 * one)
+            );
+        }
+        if let (Some((two, _)), Some((four, busy))) = (scaling(2), scaling(4)) {
+            println!(
+                "scaling, 4 processes: {:.2}x two processes (machine busy {} of {} cores)",
+                four / two,
+                busy.map_or("-".into(), |b| format!("{b:.2}")),
+                crate::common::cores()
+            );
+        }
         for row in self.rows.iter().filter(|r| r.metric.ends_with(": load")) {
             if let Some((peer, a)) = row.vs_best() {
                 println!(

@@ -79,13 +79,21 @@ struct Mark {
 /// between [`WINDOW`]'s marks of its progress through every stage; then waits until it has
 /// committed everything (not timed).
 pub fn measure_throughput(system: &mut System, total: u64) -> Throughput {
-    let watcher = system.offsets_watcher();
-    let pid = system.child.id();
-    system.wait_ready();
+    measure_instances(std::slice::from_mut(system), total)
+}
+
+/// [`measure_throughput`] of a system running as several instances (processes) in one group:
+/// their CPU and peak RSS added up. The first instance's log names a stall.
+pub fn measure_instances(instances: &mut [System], total: u64) -> Throughput {
+    let watcher = instances[0].offsets_watcher();
+    let pids: Vec<u32> = instances.iter().map(|s| s.child.id()).collect();
+    for instance in instances.iter_mut() {
+        instance.wait_ready();
+    }
     let mark = |done| Mark {
         at: Instant::now(),
         done,
-        cpu_s: cpu_seconds(pid),
+        cpu_s: pids.iter().map(|&pid| cpu_seconds(pid)).sum(),
         machine: MachineCpu::now(),
     };
     let (from, to) = (
@@ -95,8 +103,10 @@ pub fn measure_throughput(system: &mut System, total: u64) -> Throughput {
     let mut start: Option<Mark> = None;
     let mut last_move = (Instant::now(), 0);
     let end = loop {
-        system.check_alive();
-        let done = system.progress(&watcher).done();
+        for instance in instances.iter_mut() {
+            instance.check_alive();
+        }
+        let done = instances[0].progress(&watcher).done();
         if start.is_none() && done >= from {
             start = Some(mark(done));
         }
@@ -109,13 +119,13 @@ pub fn measure_throughput(system: &mut System, total: u64) -> Throughput {
         assert!(
             last_move.0.elapsed() < STALL_TIMEOUT,
             "{} made no progress for {STALL_TIMEOUT:?} at {done}/{total}:\n{}",
-            system.name,
-            log_tail(&system.log)
+            instances[0].name,
+            log_tail(&instances[0].log)
         );
         std::thread::sleep(Duration::from_millis(20));
     };
     let start = start.expect("set before the end");
-    system.wait_done(&watcher, total);
+    instances[0].wait_done(&watcher, total);
     let (records, seconds) = (
         end.done.saturating_sub(start.done) as f64,
         end.at.duration_since(start.at).as_secs_f64(),
@@ -126,12 +136,17 @@ pub fn measure_throughput(system: &mut System, total: u64) -> Throughput {
     let fig = Throughput {
         records_per_s: if timed { records / seconds } else { f64::NAN },
         cpu_s_per_million: if timed { cpu / records * 1e6 } else { f64::NAN },
-        peak_rss_mib: peak_rss_mib(pid),
+        peak_rss_mib: pids.iter().map(|&pid| peak_rss_mib(pid)).sum(),
         machine_busy_cores: end.machine.busy_cores_since(&start.machine),
     };
     println!(
-        "  {}: window {}..{} of {total}: {records:.0} records in {seconds:.1} s = {:.0} records/s; {cpu:.1} CPU s = {:.2} CPU s per 1M; peak RSS {:.0} MiB; machine busy {:.2} of {} cores, load {}",
-        system.name,
+        "  {}{}: window {}..{} of {total}: {records:.0} records in {seconds:.1} s = {:.0} records/s; {cpu:.1} CPU s = {:.2} CPU s per 1M; peak RSS {:.0} MiB; machine busy {:.2} of {} cores, load {}",
+        instances[0].name,
+        if instances.len() > 1 {
+            format!(" ({} processes)", instances.len())
+        } else {
+            String::new()
+        },
         start.done,
         end.done,
         fig.records_per_s,

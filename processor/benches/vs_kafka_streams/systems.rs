@@ -174,9 +174,9 @@ impl App {
                 app.repartition = processor.repartition.clone();
                 app.processor = Some(processor);
             }
-            Peer::Copy => topics.create(&[&app.output]),
+            Peer::Copy => topics.create_with(&[&app.output], options.partitions),
             _ => {
-                topics.create(&[&app.output, &app.duplicates]);
+                topics.create_with(&[&app.output, &app.duplicates], options.partitions);
                 // Kafka Streams creates these; listed so that they are deleted with the rest.
                 topics.created.push(format!("{id}-dedup-store-changelog"));
                 if options.repartition {
