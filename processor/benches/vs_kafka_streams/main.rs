@@ -808,8 +808,9 @@ fn table(m: &Measured, settings: &Settings) -> Table {
             .map(|s| (Peer::Streamapp, s.figures))
             .collect();
         let scaled = |f: fn(&Throughput) -> f64| per_peer(&runs, f);
+        // No comma: the label is a CSV field too.
         let label = format!(
-            "scaling: {processes} process(es), {} partitions",
+            "scaling: {processes} process(es) on {} partitions",
             scaling::PARTITIONS
         );
         rows.push(Row::new(

@@ -255,7 +255,7 @@ impl Table {
         let scaling = |processes: u32| {
             let label = format!("scaling: {processes} process(es)");
             let throughput = self
-                .find(&format!("{label}, "))
+                .find(&format!("{label} on "))
                 .filter(|r| r.metric.ends_with(": throughput"))
                 .and_then(|r| r.get(Peer::Streamapp))?;
             let busy = self
