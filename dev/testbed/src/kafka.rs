@@ -175,6 +175,15 @@ pub fn end_offsets(topic: &str) -> Vec<i64> {
         .collect()
 }
 
+/// How many partitions `topic` has (0 while it does not exist), from the broker's metadata.
+pub fn partition_count(topic: &str) -> i32 {
+    let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("topic metadata");
+    metadata.topics()[0].partitions().len() as i32
+}
+
 /// The (low, high) watermarks of every partition of `topic`, in partition order.
 fn watermarks(topic: &str) -> Vec<(i64, i64)> {
     // librdkafka's consumers read committed by default, and a read_committed client's "high"
@@ -218,7 +227,7 @@ fn try_committed_offsets(group: &str, topic: &str) -> Result<Vec<Option<i64>>, K
         .set("group.id", group)
         .create()
         .expect("creating a consumer");
-    let partitions = end_offsets(topic).len() as i32;
+    let partitions = partition_count(topic);
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition(topic, p);

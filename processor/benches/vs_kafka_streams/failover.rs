@@ -7,8 +7,6 @@
 
 use std::time::{Duration, Instant};
 
-use testbed::kafka;
-
 use crate::Settings;
 use crate::common::*;
 use crate::recovery::CrashTraffic;
@@ -85,24 +83,7 @@ pub fn fail_over(
         failover.restored
     );
     let mut check = app.check(&format!("  {name} (across the failover)"), &traffic.sent());
-    if !check.correct {
-        check.line = format!(
-            "{}\n    {}",
-            check.line,
-            offsets_report(&watcher, &app.input, app.repartition.as_deref())
-        );
-        for log in &logs {
-            check.line = format!("{}\n    {}", check.line, log_warnings(log, 20));
-        }
-        if app.peer == crate::systems::Peer::Streamapp {
-            let dead_letters = kafka::read_all(
-                &format!("{}-dlq", app.id),
-                kafka::Isolation::ReadCommitted,
-                |_| {},
-            );
-            check.line = format!("{}\n    {name}: {dead_letters} dead letters", check.line);
-        }
-    }
+    app.explain(&mut check, &watcher, &logs);
     (failover, check)
 }
 

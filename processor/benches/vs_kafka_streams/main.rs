@@ -74,12 +74,12 @@
 //! 6. Scaling out (streamapp only): `BENCH_SCALING_RECORDS` (default half of `BENCH_RECORDS`)
 //!    records on an input of 8 partitions, consumed by 1, 2 and 4 processes of one group in
 //!    turn (`BENCH_SCALING_PROCESSES`), each process one processing thread, `BENCH_RUNS` runs
-//!    (record times of the load and the full hour of retention: nothing expires; with record
-//!    times spread over retentions, one process running ahead of another in record time would
-//!    expire first sightings, as the window means it to)
 //!    in alternating order; measured like phase 1 with the CPU and memory of all processes added
 //!    up, and how busy the whole machine was (where throughput stops growing, that says whether
-//!    the machine was the limit). Output checked exactly once after each.
+//!    the machine was the limit). The records' times are the load's and the retention the full
+//!    hour, so nothing expires (spread over retentions, one process running ahead of another in
+//!    record time would expire first sightings, as the window means it to). Output checked
+//!    exactly once after each.
 //! 7. A table with the medians, spreads and ratios, the goals met or not, and a CSV
 //!    (`BENCH_CSV`, default bench/results/vs-kafka-streams.csv) from which
 //!    bench/compare/chart.py draws the PNG.
@@ -175,8 +175,9 @@ impl Settings {
     fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let records = env_num("BENCH_RECORDS", 5_000_000);
         Settings {
-            records: env_num("BENCH_RECORDS", 5_000_000),
+            records,
             runs: env_num("BENCH_RUNS", 3).max(1) as usize,
             keying: match var("BENCH_KEYING").as_deref() {
                 None | Some("unrelated") => Keying::Unrelated,
@@ -191,10 +192,7 @@ impl Settings {
             recovery_keys: key_counts("BENCH_RECOVERY_KEYS", "20000,1000000,5000000"),
             failover_keys: key_counts("BENCH_FAILOVER_KEYS", "1000000"),
             scaling_processes: key_counts("BENCH_SCALING_PROCESSES", "1,2,4"),
-            scaling_records: env_num(
-                "BENCH_SCALING_RECORDS",
-                env_num("BENCH_RECORDS", 5_000_000) / 2,
-            ),
+            scaling_records: env_num("BENCH_SCALING_RECORDS", records / 2),
             phases: var("BENCH_PHASES")
                 .unwrap_or_else(|| PHASES.join(","))
                 .split(',')
@@ -329,8 +327,31 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     // ---- throughput, each run checked exactly once -------------------------------------------
     if settings.runs("throughput") {
         let input = format!("{run}-in");
-        let (dataset, span) =
-            throughput_input(settings, topics, &input, settings.records, PARTITIONS);
+        topics.create(&[&input]);
+        let started = Instant::now();
+        // Five retentions of record time, but at most a 100,000th of a retention per record: the
+        // repartition stage interleaves the input partitions' records, one partition ahead of
+        // another by thousands of records, and that disorder must stay well under the retention,
+        // or a store's stream time runs so far ahead that a repeat's first sighting has expired
+        // (in either system: a record older than stream time minus the retention counts as
+        // expired). Runs under 500,000 records therefore cover less than five retentions.
+        let span = (settings.retention * 5).min(
+            settings
+                .retention
+                .mul_f64(settings.records as f64 / MAX_RECORDS_PER_RETENTION),
+        );
+        // Repeats within a quarter retention of record time: 70% of the records are new ids.
+        let recent =
+            (settings.records as f64 * settings.retention.as_secs_f64() / 4.0 / span.as_secs_f64()
+                * 0.7) as u64;
+        let workload = Workload::new().keyed(settings.keying).recent(recent);
+        let dataset = produce_dataset(
+            &input,
+            settings.records,
+            workload,
+            RecordTime::Spread { span },
+        );
+        describe_dataset(&dataset, started.elapsed().as_secs_f64());
         println!(
             "throughput: record times span {span:?} ({:.1} retentions); measured from {:.0}% to {:.0}% of the input committed through every stage",
             span.as_secs_f64() / settings.retention.as_secs_f64(),
@@ -621,37 +642,6 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         let _ = std::fs::remove_dir_all(work.path());
     }
     passed
-}
-
-/// The input of a throughput measurement: `records` records on a new topic `input` of
-/// `partitions` partitions, whose record times span five retentions — but at most a 100,000th
-/// of a retention per record: the repartition stage interleaves the input partitions' records,
-/// one partition ahead of another by thousands of records, and that disorder must stay well
-/// under the retention, or a store's stream time runs so far ahead that a repeat's first
-/// sighting has expired (in either system: a record older than stream time minus the retention
-/// counts as expired). Runs under 500,000 records therefore cover less than five retentions.
-/// Repeats fall within a quarter retention of record time; 70% of the records are new ids.
-/// Returns the dataset and the span.
-fn throughput_input(
-    settings: &Settings,
-    topics: &mut Topics<'_>,
-    input: &str,
-    records: u64,
-    partitions: i32,
-) -> (Dataset, Duration) {
-    topics.create_with(&[input], partitions);
-    let started = Instant::now();
-    let span = (settings.retention * 5).min(
-        settings
-            .retention
-            .mul_f64(records as f64 / MAX_RECORDS_PER_RETENTION),
-    );
-    let recent =
-        (records as f64 * settings.retention.as_secs_f64() / 4.0 / span.as_secs_f64() * 0.7) as u64;
-    let workload = Workload::new().keyed(settings.keying).recent(recent);
-    let dataset = produce_dataset(input, records, workload, RecordTime::Spread { span });
-    describe_dataset(&dataset, started.elapsed().as_secs_f64());
-    (dataset, span)
 }
 
 /// A new application `id` of `peer` on an input of its own holding `keys` distinct ids (the

@@ -150,13 +150,6 @@ pub fn recover(
         recovery.first_output_s, recovery.caught_up_s, recovery.restored
     );
     let mut check = app.check(&format!("  {name} (across the crash)"), &traffic.sent());
-    if !check.correct {
-        check.line = format!(
-            "{}\n    {}\n    {}",
-            check.line,
-            offsets_report(&watcher, &app.input, app.repartition.as_deref()),
-            log_warnings(&log, 20)
-        );
-    }
+    app.explain(&mut check, &watcher, &[log]);
     (recovery, check)
 }

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use rdkafka::consumer::BaseConsumer;
 use testbed::kafka::{self, Isolation};
 
 use crate::Settings;
@@ -262,6 +263,29 @@ impl App {
         );
         println!("{line}");
         OutputCheck { correct, line }
+    }
+
+    /// When `check` found the output wrong, adds what to look into to its line: the group's
+    /// committed offsets (through `watcher`) against the topics' ends, the recent warnings of
+    /// the instances' `logs`, and the processor's dead letters.
+    pub fn explain(&self, check: &mut OutputCheck, watcher: &BaseConsumer, logs: &[PathBuf]) {
+        if check.correct {
+            return;
+        }
+        let mut lines = vec![
+            check.line.clone(),
+            offsets_report(watcher, &self.input, self.repartition.as_deref()),
+        ];
+        lines.extend(logs.iter().map(|log| log_warnings(log, 20)));
+        if self.peer == Peer::Streamapp {
+            let dead_letters = kafka::read_all(
+                &format!("{}-dlq", self.id),
+                Isolation::ReadCommitted,
+                |_| {},
+            );
+            lines.push(format!("{}: {dead_letters} dead letters", self.peer.name()));
+        }
+        check.line = lines.join("\n    ");
     }
 
     /// Changelog records the latest start restored: the processor's metric, or the sum of the
