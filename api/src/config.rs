@@ -592,6 +592,25 @@ pub struct ProcessorConfig {
     /// Standby replicas and the state-aware group membership (ADR 0001).
     #[serde(default)]
     pub group: GroupSettings,
+    /// Processing threads in the process (Kafka Streams' `num.stream.threads`): each is a
+    /// member of the consumer group of its own, with its own transactional producer and its
+    /// own share of the tasks, so a pod with several partitions uses several cores. The
+    /// stores share one block cache and one memtable budget whatever the number.
+    #[serde(
+        default = "default_processing_threads",
+        skip_serializing_if = "is_one_thread"
+    )]
+    pub processing_threads: u32,
+}
+
+/// The most processing threads a process runs.
+pub const MAX_PROCESSING_THREADS: u32 = 16;
+
+pub fn default_processing_threads() -> u32 {
+    1
+}
+fn is_one_thread(threads: &u32) -> bool {
+    *threads == 1
 }
 
 /// How the processes of one application share the tasks.
@@ -1034,6 +1053,20 @@ impl ProcessorConfig {
             ));
         }
         self.group_timing()?;
+        if !(1..=MAX_PROCESSING_THREADS).contains(&self.processing_threads) {
+            return Err(ConfigError::field(
+                "processingThreads",
+                format!("must be from 1 to {MAX_PROCESSING_THREADS}"),
+            ));
+        }
+        if self.processing_threads > 1 && self.group.standby_replicas > 0 {
+            return Err(ConfigError::field(
+                "processingThreads",
+                "must be 1 with standby replicas: the state-aware membership places one member \
+                 per pod (a standby must not share a pod, and so a state directory, with its \
+                 active task)",
+            ));
+        }
         if self.group.standby_replicas > 0
             && let Err((key, why)) =
                 membership_connection(|k| self.kafka.properties.get(k).map(String::as_str))
@@ -1123,6 +1156,7 @@ mod tests {
             drain_timeout: default_drain_timeout(),
             liveness_timeout: default_liveness_timeout(),
             group: GroupSettings::default(),
+            processing_threads: 1,
         }
     }
 
@@ -1189,6 +1223,27 @@ mod tests {
             c.validate().unwrap_err().field,
             "group.probingRebalanceInterval"
         );
+    }
+
+    #[test]
+    fn processing_threads_are_one_to_sixteen_and_one_with_standbys() {
+        let mut c = processor_config(&[]);
+        let yaml = serde_yaml::to_string(&c).unwrap();
+        assert!(
+            !yaml.contains("processingThreads"),
+            "one thread (the default) is not written, so existing files stay as they were"
+        );
+        for (threads, ok) in [(0, false), (1, true), (4, true), (16, true), (17, false)] {
+            c.processing_threads = threads;
+            assert_eq!(c.validate().is_ok(), ok, "{threads} threads");
+        }
+        c.processing_threads = 2;
+        c.group.standby_replicas = 1;
+        assert_eq!(c.validate().unwrap_err().field, "processingThreads");
+        c.group.standby_replicas = 0;
+        let read: ProcessorConfig =
+            serde_yaml::from_str(&serde_yaml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(read.processing_threads, 2);
     }
 
     #[test]

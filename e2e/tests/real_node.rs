@@ -222,10 +222,15 @@ async fn deleting_a_pod_runs_the_prestop_drain_and_its_successor_restores_nothin
     s.finish().await;
 }
 
+/// With two processing threads: each pod's 2 of the 4 partitions are split between two group
+/// members of its one container, both killed together and both back within the session
+/// timeout.
 #[tokio::test]
-async fn killing_the_processor_container_restarts_it_and_replays_only_the_tail() {
+async fn killing_a_two_thread_processor_container_restarts_it_and_replays_only_the_tail() {
     let s = Scenario::start("kill", 4).await;
-    s.apply(&with_session_timeout(s.example(), 45_000));
+    let mut app = with_session_timeout(s.example(), 45_000);
+    app["spec"]["processingThreads"] = 2.into();
+    s.apply(&app);
     s.wait_ready(READY_TIMEOUT).await;
     let mut sent = Sent::new();
     sent.produce(&s, 1000, 0.3, 0);
@@ -280,7 +285,8 @@ async fn killing_the_processor_container_restarts_it_and_replays_only_the_tail()
                 report(st, &pod).is_some_and(|p| {
                     p.phase.as_deref() == Some("Running")
                         && p.last_shutdown_clean == Some(false)
-                        && !p.tasks.is_empty()
+                        // Both threads' tasks: the pod's two partitions.
+                        && p.tasks.len() == 2
                         && p.tasks.iter().all(|t| t.opened.is_some())
                 })
             },

@@ -70,6 +70,7 @@ pub fn processor_config(app: &StreamApp) -> ProcessorConfig {
             standby_replicas: spec.standby_replicas.max(0) as u32,
             ..GroupSettings::default()
         },
+        processing_threads: spec.processing_threads.max(1) as u32,
     }
 }
 

@@ -25,3 +25,4 @@ pub mod state_updater;
 pub mod store;
 pub mod topics;
 pub mod topology;
+pub mod workers;

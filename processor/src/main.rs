@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -15,14 +15,15 @@ use rdkafka::config::ClientConfig;
 use streamapp_api::config::{DedupIdSource, ProcessorConfig, Repartition};
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase};
 use streamapp_api::units::parse_duration;
-use streamapp_processor::engine::{Engine, EngineConfig, EngineError, GroupSetup};
+use streamapp_processor::engine::{EngineConfig, EngineError, GroupSetup};
 use streamapp_processor::shared::{Shared, now_ms};
 use streamapp_processor::state_dir::StateDir;
+use streamapp_processor::store::SharedMemory;
 use streamapp_processor::topics::{self, WrittenTopic};
 use streamapp_processor::{
-    changelog, checkpoint, faults::Faults, http, inspect, metrics::Metrics, repartition,
+    changelog, checkpoint, faults::Faults, http, inspect, metrics::Metrics, repartition, workers,
 };
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 /// Exit codes: what a supervisor (and a test) can tell apart.
 const EXIT_FAILED: u8 = 1;
@@ -235,9 +236,14 @@ fn run(args: RunArgs) -> ExitCode {
         application_id = %config.application_id,
         state_dir = %config.state_dir,
         previous_shutdown_clean = ?health.previous_shutdown_clean,
+        processing_threads = config.processing_threads,
         "starting"
     );
-    let shared = Arc::new(Shared::new(state, health));
+    let shared = Arc::new(Shared::new(
+        state,
+        health,
+        config.processing_threads as usize,
+    ));
     shared.set_phase(ProcessorPhase::Starting);
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::new(&mut registry);
@@ -260,7 +266,7 @@ fn run(args: RunArgs) -> ExitCode {
                 return ExitCode::from(EXIT_FAILED);
             }
         };
-    shared.beat();
+    shared.beat_all();
     runtime.spawn(http::serve(
         listener,
         shared.clone(),
@@ -305,7 +311,7 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(n) => n,
         Err(e) => return fail_start(&e, exit_code(e.is_refusal())),
     };
-    shared.beat();
+    shared.beat_all();
     let repartition_topic = config.repartition_topic();
     if let Some(topic) = &repartition_topic
         && let Err(e) = runtime.block_on(repartition::ensure(
@@ -317,7 +323,7 @@ fn run(args: RunArgs) -> ExitCode {
     {
         return fail_start(&e, exit_code(e.is_refusal()));
     }
-    shared.beat();
+    shared.beat_all();
     let mut written = vec![
         WrittenTopic {
             field: "topology.outputTopic",
@@ -350,10 +356,11 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(_) => {}
         Err(e) => return fail_start(&e, exit_code(e.is_refusal())),
     }
-    shared.beat();
+    shared.beat_all();
     let engine_config = EngineConfig {
         application_id: config.application_id.clone(),
         pod: args.pod_name.clone(),
+        thread: 0,
         input_topic: config.topology.input_topic.clone(),
         output_topic: config.topology.output_topic.clone(),
         duplicates_topic: config.topology.duplicates_topic.clone(),
@@ -380,111 +387,26 @@ fn run(args: RunArgs) -> ExitCode {
         },
     };
 
-    let code = supervise(engine_config, shared.clone(), metrics);
+    let process = workers::Process {
+        memory: SharedMemory::new(&engine_config.rocksdb, config.group.standby_replicas > 0),
+        shared,
+        metrics,
+    };
+    let code = match workers::run(&engine_config, &process, Faults::from_env()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("streamapp-processor: {e}");
+            ExitCode::from(match e {
+                EngineError::Fenced { .. } => EXIT_FENCED,
+                EngineError::TopicUnusable { .. } => EXIT_CONFIG,
+                _ => EXIT_FAILED,
+            })
+        }
+    };
     // Let the drain request that may be waiting get its answer out.
     std::thread::sleep(Duration::from_millis(300));
     runtime.shutdown_timeout(Duration::from_secs(1));
     code
-}
-
-/// Runs the engine; a fatal Kafka error (an unusable producer) restarts it from the stores and
-/// changelogs, a few times, before giving up.
-fn supervise(cfg: EngineConfig, shared: Arc<Shared>, metrics: Metrics) -> ExitCode {
-    let mut restarts: Vec<Instant> = Vec::new();
-    let mut faults = Some(Faults::from_env());
-    loop {
-        let result = run_engine(
-            cfg.clone(),
-            shared.clone(),
-            metrics.clone(),
-            faults.take().unwrap_or_default(),
-        );
-        let fail = |e: &EngineError, code: u8| {
-            error!("{e}");
-            eprintln!("streamapp-processor: {e}");
-            shared.set_not_ready("failed");
-            shared.update(true, |h| {
-                h.phase = ProcessorPhase::Failed;
-                h.error = Some(e.to_string());
-            });
-            shared.finish_drain(streamapp_processor::shared::DrainOutcome::Failed(
-                e.to_string(),
-            ));
-            ExitCode::from(code)
-        };
-        match result {
-            Ok(()) => return ExitCode::SUCCESS,
-            Err(e @ EngineError::Fenced { .. }) => return fail(&e, EXIT_FENCED),
-            Err(e @ EngineError::TopicUnusable { .. }) => return fail(&e, EXIT_CONFIG),
-            Err(e) => {
-                restarts.retain(|t| t.elapsed() < Duration::from_secs(300));
-                if restarts.len() >= 5 || shared.drain_requested() {
-                    return fail(&e, EXIT_FAILED);
-                }
-                restarts.push(Instant::now());
-                warn!(error = %e, "engine failed; restarting it: staged writes are dropped and stores catch up from the changelog");
-                std::thread::sleep(Duration::from_secs(1));
-                shared.beat();
-            }
-        }
-    }
-}
-
-/// Records processed between two looks at the engine's timers (at most about a millisecond
-/// of processing; the commit interval is 100 ms).
-const TICK_EVERY: u32 = 64;
-
-/// One engine lifetime: until drained (Ok) or failed.
-fn run_engine(
-    cfg: EngineConfig,
-    shared: Arc<Shared>,
-    metrics: Metrics,
-    faults: Faults,
-) -> Result<(), EngineError> {
-    let (engine, consumer) = Engine::start(cfg, shared.clone(), metrics, faults)?;
-    let mut last_ends = Instant::now() - Duration::from_secs(60);
-    let mut since_tick = 0u32;
-    let result = loop {
-        if shared.drain_requested() {
-            let outcome = engine.lock().unwrap().drain(&consumer);
-            shared.finish_drain(outcome.clone());
-            break match outcome {
-                streamapp_processor::shared::DrainOutcome::Drained { .. } => Ok(()),
-                streamapp_processor::shared::DrainOutcome::Failed(e) => {
-                    Err(EngineError::Fatal(format!("drain: {e}")))
-                }
-            };
-        }
-        // Rebalance callbacks run inside poll and lock the engine themselves.
-        let polled = consumer.poll(Duration::from_millis(50));
-        let mut e = engine.lock().unwrap();
-        let (step, record) = match polled {
-            None => (Ok(()), false),
-            Some(Ok(m)) => (e.process(&consumer, &m), true),
-            Some(Err(err)) => (e.on_consumer_error(&consumer, err), false),
-        };
-        // The timers (commit interval, restores, back-offs, health) are looked at after every
-        // TICK_EVERY records, and whenever a poll brought no record: after every record they
-        // cost more clock reads than the record itself.
-        since_tick += 1;
-        let tick = !record || since_tick >= TICK_EVERY;
-        if tick {
-            since_tick = 0;
-        }
-        if let Err(err) = step.and_then(|()| if tick { e.tick(&consumer) } else { Ok(()) }) {
-            e.stop();
-            break Err(err);
-        }
-        if tick && last_ends.elapsed() > Duration::from_secs(5) {
-            e.refresh_changelog_ends();
-            e.refresh_lag(&consumer);
-            last_ends = Instant::now();
-        }
-    };
-    // Closing the consumer runs the revoke callback; a stopped engine only lets go.
-    engine.lock().unwrap().stop();
-    drop(consumer);
-    result
 }
 
 /// Whether the last shutdown drained: every task dir has a checkpoint. `None` on first start.

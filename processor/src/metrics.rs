@@ -263,3 +263,47 @@ impl Metrics {
         }
     }
 }
+
+/// One processing thread's part of a gauge that counts for the whole process (tasks assigned,
+/// tasks backing off, a stage's lag): each thread adds what it has, the gauge shows the sum.
+/// Dropping the part (an engine stopping) takes it out of the sum.
+pub struct GaugeShare {
+    gauge: Gauge,
+    mine: i64,
+}
+
+impl GaugeShare {
+    pub fn new(gauge: Gauge) -> Self {
+        GaugeShare { gauge, mine: 0 }
+    }
+
+    pub fn set(&mut self, value: i64) {
+        self.gauge.inc_by(value - self.mine);
+        self.mine = value;
+    }
+}
+
+impl Drop for GaugeShare {
+    fn drop(&mut self) {
+        self.gauge.dec_by(self.mine);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gauge_shared_by_threads_shows_the_sum_of_their_parts() {
+        let gauge = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+        let mut a = GaugeShare::new(gauge.clone());
+        let mut b = GaugeShare::new(gauge.clone());
+        a.set(3);
+        b.set(2);
+        assert_eq!(gauge.get(), 5);
+        a.set(1);
+        assert_eq!(gauge.get(), 3);
+        drop(b);
+        assert_eq!(gauge.get(), 1, "a stopped thread's part leaves the sum");
+    }
+}

@@ -71,7 +71,7 @@ pub(super) fn new_consumer(
     // With our own membership this consumer never joins the group (it is only assigned
     // partitions); the group id is for fetching the committed offsets.
     if cfg.group.standby_replicas == 0 {
-        client.set("group.instance.id", &cfg.pod);
+        client.set("group.instance.id", cfg.member_id());
     }
     client
         .set("group.id", &cfg.application_id)
@@ -136,7 +136,7 @@ impl Engine {
             .collect();
         for p in gone {
             self.on_task_event(p, Event::NotReassigned);
-            self.tasks.remove(&p);
+            self.forget_task(p);
             self.attempts.forget_partition(p);
         }
         for &p in &share.active {

@@ -2,7 +2,10 @@
 //! ([`crate::lifecycle`]), talking to Kafka and RocksDB.
 //!
 //! One consumer (group = application id, static membership = pod name, read_committed) and one
-//! transactional producer (transactional.id = `<application id>-<pod name>`) per process. Each
+//! transactional producer (transactional.id = `<application id>-<pod name>`) per engine, and
+//! one engine per processing thread: with `processingThreads` above 1 the threads after the
+//! first are members `<pod name>-thread-<n>` of their own ([`EngineConfig::member_id`]), each
+//! with its share of the tasks, like Kafka Streams' stream threads. Each
 //! assigned input partition is a task with its own store. A transaction spans all tasks and
 //! carries output, duplicates, dead letters, changelog records and the consumer offsets; it is
 //! committed every commit interval. Only after the commit succeeded are the staged writes
@@ -58,7 +61,7 @@ use tracing::info;
 
 use crate::faults::Faults;
 use crate::lifecycle::{Event, Lifecycle, Phase};
-use crate::metrics::Metrics;
+use crate::metrics::{GaugeShare, Metrics};
 use crate::record_attempts::RecordAttempts;
 use crate::repartition::Purger;
 use crate::restore::ChangelogEnds;
@@ -79,9 +82,19 @@ const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 /// transaction can hold back the restore of the tasks it had, and the reads of its outputs.
 const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The transactional id of the producer of pod `pod` (one per pod: its group instance id).
-fn transactional_id(application_id: &str, pod: &str) -> String {
-    format!("{application_id}-{pod}")
+/// The transactional id of the producer of group member `member` (its group instance id: the
+/// pod name, or the pod's processing thread).
+fn transactional_id(application_id: &str, member: &str) -> String {
+    format!("{application_id}-{member}")
+}
+
+/// The group member (group.instance.id) of processing thread `thread` of pod `pod`: the pod
+/// name for the first, as with a single thread.
+pub fn member_id(pod: &str, thread: usize) -> String {
+    match thread {
+        0 => pod.to_string(),
+        n => format!("{pod}-thread-{n}"),
+    }
 }
 
 /// Sets `key` unless the user's client properties already do (tuning, not correctness: the
@@ -120,6 +133,8 @@ pub enum EngineError {
 pub struct EngineConfig {
     pub application_id: String,
     pub pod: String,
+    /// Which of the process's processing threads runs this engine (0 with one thread).
+    pub thread: usize,
     pub input_topic: String,
     pub output_topic: String,
     pub duplicates_topic: Option<String>,
@@ -166,8 +181,13 @@ impl EngineConfig {
             .unwrap_or(&self.input_topic)
     }
 
+    /// This engine's group member: the pod, or the pod's processing thread.
+    pub fn member_id(&self) -> String {
+        member_id(&self.pod, self.thread)
+    }
+
     pub fn transactional_id(&self) -> String {
-        transactional_id(&self.application_id, &self.pod)
+        transactional_id(&self.application_id, &self.member_id())
     }
 
     /// The producer's `transaction.timeout.ms`: the coordinator aborts transactions open
@@ -248,6 +268,54 @@ struct RouteTask {
     dirty: bool,
 }
 
+impl Drop for Engine {
+    /// Closes the stores still open (dropping them), then lets the other processing threads
+    /// have their directories.
+    fn drop(&mut self) {
+        self.tasks.clear();
+        self.shared.release_stores(self.cfg.thread);
+    }
+}
+
+/// An engine's parts of the gauges that count for the whole process (see [`GaugeShare`]).
+struct ThreadGauges {
+    assigned: GaugeShare,
+    backing_off: BTreeMap<StoreUnavailable, GaugeShare>,
+    stage_lag: BTreeMap<&'static str, GaugeShare>,
+}
+
+impl ThreadGauges {
+    fn new(metrics: &Metrics) -> Self {
+        ThreadGauges {
+            assigned: GaugeShare::new(metrics.assigned_tasks.clone()),
+            backing_off: BTreeMap::new(),
+            stage_lag: BTreeMap::new(),
+        }
+    }
+
+    fn backing_off(&mut self, metrics: &Metrics, kind: StoreUnavailable) -> &mut GaugeShare {
+        self.backing_off.entry(kind).or_insert_with(|| {
+            GaugeShare::new(
+                metrics
+                    .tasks_backing_off
+                    .get_or_create(&Metrics::kind(kind))
+                    .clone(),
+            )
+        })
+    }
+
+    fn stage_lag(&mut self, metrics: &Metrics, stage: &'static str) -> &mut GaugeShare {
+        self.stage_lag.entry(stage).or_insert_with(|| {
+            GaugeShare::new(
+                metrics
+                    .stage_lag
+                    .get_or_create(&Metrics::stage(stage))
+                    .clone(),
+            )
+        })
+    }
+}
+
 /// The stage a consumed record belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
@@ -296,6 +364,8 @@ pub struct Engine {
     memory: SharedMemory,
     shared: Arc<Shared>,
     metrics: Metrics,
+    /// This engine's parts of the process's gauges.
+    gauges: ThreadGauges,
     faults: Faults,
     /// An error raised inside a callback, returned by the next `tick`.
     pending_error: Option<EngineError>,
@@ -324,6 +394,7 @@ impl Engine {
     pub fn start(
         cfg: EngineConfig,
         shared: Arc<Shared>,
+        memory: SharedMemory,
         metrics: Metrics,
         faults: Faults,
     ) -> Result<(Arc<Mutex<Engine>>, GroupConsumer), EngineError> {
@@ -333,7 +404,6 @@ impl Engine {
             .map_err(|e| fatal("creating the restore consumer", e))?;
         let changelog_ends = ChangelogEnds::new(&cfg.client, &cfg.changelog_topic)
             .map_err(|e| fatal("creating the changelog probe", e))?;
-        let memory = SharedMemory::new(&cfg.rocksdb, cfg.group.standby_replicas > 0);
         let purger = match &cfg.repartition_topic {
             Some(topic) => Some(
                 Purger::start(&cfg.client, topic)
@@ -370,6 +440,7 @@ impl Engine {
             purged: BTreeMap::new(),
             memory,
             shared,
+            gauges: ThreadGauges::new(&metrics),
             metrics,
             faults,
             pending_error: None,
@@ -397,7 +468,7 @@ impl Engine {
     /// Opens, restores, activates, commits when due and publishes health. Call after every
     /// poll.
     pub fn tick(&mut self, consumer: &GroupConsumer) -> Result<(), EngineError> {
-        self.shared.beat();
+        self.shared.beat(self.cfg.thread);
         if let Some(e) = self.pending_error.take() {
             return Err(e);
         }
@@ -484,11 +555,8 @@ impl Engine {
         if !failures.is_empty() {
             return DrainOutcome::Failed(failures.join("; "));
         }
+        // The process is drained when every processing thread is (see crate::workers).
         let duration_ms = start.elapsed().as_millis() as u64;
-        self.shared.update(true, |h| {
-            h.phase = ProcessorPhase::Drained;
-            h.drain_duration_ms = Some(duration_ms);
-        });
         info!(
             duration_ms,
             "drained: stores flushed and closed, checkpoints written"
@@ -568,13 +636,12 @@ impl Engine {
             StoreUnavailable::Incompatible,
             StoreUnavailable::RepeatedDamage,
         ] {
-            self.metrics
-                .tasks_backing_off
-                .get_or_create(&Metrics::kind(kind))
+            self.gauges
+                .backing_off(&self.metrics, kind)
                 .set(backing_off.get(&kind).copied().unwrap_or(0));
         }
-        self.metrics.assigned_tasks.set(reports.len() as i64);
-        self.shared.update(force, |h| h.tasks = reports);
+        self.gauges.assigned.set(reports.len() as i64);
+        self.shared.set_tasks(self.cfg.thread, force, reports);
         self.report_to_group();
     }
 
@@ -590,7 +657,8 @@ impl Engine {
                 .collect(),
         };
         let readiness = crate::probes::readiness(&facts);
-        if readiness.is_ok()
+        let process_ready = self.shared.set_readiness(self.cfg.thread, readiness);
+        if process_ready
             && matches!(
                 self.shared.phase(),
                 ProcessorPhase::Starting | ProcessorPhase::Restoring
@@ -598,7 +666,6 @@ impl Engine {
         {
             self.shared.set_phase(ProcessorPhase::Running);
         }
-        self.shared.set_readiness(readiness);
     }
 
     /// Looks up the changelog end of every task for the health report (a broker round trip
@@ -634,20 +701,14 @@ impl Engine {
             .values()
             .map(|t| lag(self.cfg.dedup_input(), t.partition, t.position))
             .sum();
-        self.metrics
-            .stage_lag
-            .get_or_create(&Metrics::stage("dedup"))
-            .set(dedup);
+        self.gauges.stage_lag(&self.metrics, "dedup").set(dedup);
         if self.cfg.repartition_topic.is_some() {
             let route: i64 = self
                 .routes
                 .iter()
                 .map(|(&p, r)| lag(&self.cfg.input_topic, p, r.position))
                 .sum();
-            self.metrics
-                .stage_lag
-                .get_or_create(&Metrics::stage("route"))
-                .set(route);
+            self.gauges.stage_lag(&self.metrics, "route").set(route);
         }
     }
 

@@ -445,7 +445,7 @@ impl Engine {
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     record = r;
                     self.producer.poll(Duration::from_millis(50));
-                    self.shared.beat();
+                    self.shared.beat(self.cfg.thread);
                 }
                 Err((e, _)) => {
                     return Err(RecordError::Produce(ProduceError {

@@ -66,7 +66,7 @@ impl Engine {
             .get(&p)
             .is_some_and(|t| t.lifecycle.phase == Phase::Closed)
         {
-            self.tasks.remove(&p);
+            self.forget_task(p);
         }
         self.refresh_readiness();
         failure
@@ -194,14 +194,24 @@ impl Engine {
         }
     }
 
+    /// Drops a task (its store, if still open, closes with it) and lets the other processing
+    /// threads of the process have its store directory.
+    pub(super) fn forget_task(&mut self, p: i32) {
+        self.tasks.remove(&p);
+        self.shared.release_store(p, self.cfg.thread);
+    }
+
     /// Opens the store of one task that waits for it: its suspended store when it has one,
-    /// otherwise from disk (scanned in the background when it has no clean checkpoint).
+    /// otherwise from disk (scanned in the background when it has no clean checkpoint). A
+    /// store another processing thread of the process still holds waits until it lets go.
     pub(super) fn open_next(&mut self) {
+        let thread = self.cfg.thread;
         let Some(p) = self
             .tasks
             .values()
-            .find(|t| t.is(&Phase::Opening))
+            .filter(|t| t.is(&Phase::Opening))
             .map(|t| t.partition)
+            .find(|&p| self.shared.claim_store(p, thread))
         else {
             return;
         };

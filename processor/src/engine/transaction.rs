@@ -45,7 +45,10 @@ pub(super) fn new_producer(
         .set("enable.idempotence", "true")
         .create_with_context(DeliveryTracker::new(&cfg.changelog_topic))
         .map_err(|e| EngineError::Fatal(format!("creating the producer: {e}")))?;
-    retry_txn(shared, || producer.init_transactions(TXN_CALL_TIMEOUT)).map_err(|e| {
+    retry_txn(shared, cfg.thread, || {
+        producer.init_transactions(TXN_CALL_TIMEOUT)
+    })
+    .map_err(|e| {
         match classify_txn(&TxnErrorFacts::of(&e), None, cfg.transaction_timeout()) {
             TxnFailure::Fenced(detail) => EngineError::Fenced {
                 transactional_id: cfg.transactional_id(),
@@ -64,11 +67,12 @@ pub(super) fn new_producer(
 /// again is how to wait for it). Each retry counts as progress of the loop.
 fn retry_txn(
     shared: &Shared,
+    thread: usize,
     mut f: impl FnMut() -> Result<(), KafkaError>,
 ) -> Result<(), KafkaError> {
     let deadline = Instant::now() + TXN_DEADLINE;
     loop {
-        shared.beat();
+        shared.beat(thread);
         match f() {
             Ok(()) => return Ok(()),
             Err(e) if is_retriable(&e) && Instant::now() < deadline => {
@@ -91,13 +95,14 @@ enum OffsetsFence {
 /// retriable (as [`retry_txn`] does). A stale generation is refused: an abortable error.
 fn send_offsets_with_generation<C: rdkafka::producer::ProducerContext>(
     shared: &Shared,
+    thread: usize,
     producer: &BaseProducer<C>,
     positions: &TopicPartitionList,
     generation: &GroupGeneration,
 ) -> Result<(), TxnErrorFacts> {
     let deadline = Instant::now() + TXN_DEADLINE;
     loop {
-        shared.beat();
+        shared.beat(thread);
         match send_offsets_to_transaction(producer, positions, generation, TXN_CALL_TIMEOUT) {
             Ok(()) => return Ok(()),
             Err(e) if e.retriable && Instant::now() < deadline => {
@@ -182,18 +187,22 @@ impl Engine {
         }
         let shared = self.shared.clone();
         let sent = match &fence {
-            OffsetsFence::Consumer(group) => retry_txn(&shared, || {
+            OffsetsFence::Consumer(group) => retry_txn(&shared, self.cfg.thread, || {
                 self.producer
                     .send_offsets_to_transaction(&positions, group, TXN_CALL_TIMEOUT)
             })
             .map_err(|e| TxnErrorFacts::of(&e)),
-            OffsetsFence::Generation(generation) => {
-                send_offsets_with_generation(&shared, &self.producer, &positions, generation)
-            }
+            OffsetsFence::Generation(generation) => send_offsets_with_generation(
+                &shared,
+                self.cfg.thread,
+                &self.producer,
+                &positions,
+                generation,
+            ),
         };
         let offsets_sent = commit_start.elapsed();
         let committed = sent.and_then(|()| {
-            retry_txn(&shared, || {
+            retry_txn(&shared, self.cfg.thread, || {
                 self.producer.commit_transaction(TXN_CALL_TIMEOUT)
             })
             .map_err(|e| TxnErrorFacts::of(&e))
@@ -329,7 +338,7 @@ impl Engine {
         // only serves them when polled: flush serves them (the records are aborted anyway).
         let _ = self.producer.flush(TXN_CALL_TIMEOUT);
         let shared = self.shared.clone();
-        let aborted = retry_txn(&shared, || {
+        let aborted = retry_txn(&shared, self.cfg.thread, || {
             self.producer.poll(Duration::ZERO);
             self.producer.abort_transaction(TXN_CALL_TIMEOUT)
         });
@@ -392,7 +401,7 @@ impl Engine {
                 );
                 EngineError::Fatal(format!(
                     "the group coordinator fenced group.instance.id {} without another instance holding transactional.id {} ({detail}): starting again",
-                    self.cfg.pod,
+                    self.cfg.member_id(),
                     self.cfg.transactional_id()
                 ))
             }
@@ -448,7 +457,7 @@ impl Engine {
         }
         await_deliveries(&self.producer, TXN_CALL_TIMEOUT);
         let shared = self.shared.clone();
-        let aborted = retry_txn(&shared, || {
+        let aborted = retry_txn(&shared, self.cfg.thread, || {
             self.producer.poll(Duration::ZERO);
             self.producer.abort_transaction(TXN_CALL_TIMEOUT)
         });
