@@ -21,10 +21,10 @@ rows=$(grep -c "^failover 5k keys" "$out/vs-kafka-streams.csv")
 grep -q "exactly once: NO" "$out/vs-kafka-streams.txt" &&
   die "bench-compare smoke: an output was not exactly once (see $out/vs-kafka-streams.txt)"
 rows=$(grep -c "^scaling: " "$out/vs-kafka-streams.csv")
-((rows == 6)) || die "bench-compare smoke: expected 6 scaling rows in the CSV, found $rows"
+((rows == 8)) || die "bench-compare smoke: expected 8 scaling rows in the CSV, found $rows"
 # Throughput: 5 systems; latency: 4; recovery: 3; failover: 2, with and without standbys;
-# scaling: 1, 2 and 4 processes — each output checked once.
+# scaling: 1, 2 and 4 processes, and 1 process with 2 threads — each output checked once.
 checks=$(grep -c "exactly once: yes" "$out/vs-kafka-streams.txt")
-((checks == 19)) ||
-  die "bench-compare smoke: expected 19 passed exactly-once checks, found $checks (see $out/vs-kafka-streams.txt)"
+((checks == 20)) ||
+  die "bench-compare smoke: expected 20 passed exactly-once checks, found $checks (see $out/vs-kafka-streams.txt)"
 log "bench-compare smoke passed: $out"

@@ -99,6 +99,8 @@ pub struct AppOptions {
     pub session_timeout: Option<Duration>,
     /// Partitions of the application's own topics (its input's count).
     pub partitions: i32,
+    /// `processingThreads` of each processor process.
+    pub processing_threads: u32,
 }
 
 impl AppOptions {
@@ -110,6 +112,7 @@ impl AppOptions {
             standby_replicas: 0,
             session_timeout: None,
             partitions: PARTITIONS,
+            processing_threads: 1,
         }
     }
 
@@ -183,6 +186,7 @@ impl DedupApp {
             // The default RocksDB profile: what a StreamApp gets unless tuned.
             "rocksdb": {},
             "group": { "standbyReplicas": options.standby_replicas },
+            "processingThreads": options.processing_threads,
         });
         let dir = work.join(id);
         std::fs::create_dir_all(&dir).unwrap();

@@ -71,10 +71,11 @@
 //!    for the dead instance's open transaction to time out (`transaction.timeout.ms` 10 s on
 //!    both; until then no read_committed reader gets past it in the repartition topic). Output
 //!    checked exactly once across the failover.
-//! 6. Scaling out (streamapp only): `BENCH_SCALING_RECORDS` (default half of `BENCH_RECORDS`)
-//!    records on an input of 8 partitions, consumed by 1, 2 and 4 processes of one group in
-//!    turn (`BENCH_SCALING_PROCESSES`), each process one processing thread, `BENCH_RUNS` runs
-//!    in alternating order; measured like phase 1 with the CPU and memory of all processes added
+//! 6. Scaling out and up (streamapp only): `BENCH_SCALING_RECORDS` (default half of
+//!    `BENCH_RECORDS`) records on an input of 8 partitions, consumed by 1, 2 and 4 processes of
+//!    one group in turn (`BENCH_SCALING_PROCESSES`), each process one processing thread, and by
+//!    one process with 2 processing threads (`BENCH_SCALING_THREADS`; empty for none),
+//!    `BENCH_RUNS` runs in alternating order; measured like phase 1 with the CPU and memory of all processes added
 //!    up, and how busy the whole machine was (where throughput stops growing, that says whether
 //!    the machine was the limit). The records' times are the load's and the retention the full
 //!    hour, so nothing expires (spread over retentions, one process running ahead of another in
@@ -86,7 +87,10 @@
 //!
 //! `BENCH_PHASES` (e.g. `recovery`) runs only some of phases 1–6 (`throughput`, `latency`,
 //! `recovery`, `failover`, `scaling`; the table shows – for what was not run), `BENCH_PEERS` (e.g.
-//! `streamapp,ks-window`) only some systems.
+//! `streamapp,ks-window`) only some systems. `BENCH_THREADS` (default 1) runs each system with
+//! that many processing threads in the throughput, latency and recovery phases (the processor's
+//! `processingThreads`, Kafka Streams' `num.stream.threads`; the copy has one); failover and
+//! scaling keep one per process.
 //!
 //! Other knobs: `BENCH_JAVA`, `BENCH_JAVA_OPTS` (default `-Xmx1g`), `BENCH_KEEP_WORK` (keep logs
 //! and state directories), `BENCH_PROCESSOR_LOG` and `BENCH_SYSTEM_PROPS` (see common/).
@@ -135,14 +139,17 @@ pub struct Settings {
     runs: usize,
     keying: Keying,
     retention: Duration,
+    /// Processing threads of each system (`BENCH_THREADS`).
+    threads: u32,
     latency_percent: u64,
     latency_rate: Option<u64>,
     latency_warmup: Duration,
     latency_duration: Duration,
     recovery_keys: Vec<u64>,
     failover_keys: Vec<u64>,
-    /// Scaling: how many processes in turn (`BENCH_SCALING_PROCESSES`), on how many records.
-    scaling_processes: Vec<u64>,
+    /// Scaling: how many processes and threads in turn (`BENCH_SCALING_PROCESSES` of one
+    /// thread, one process of each of `BENCH_SCALING_THREADS`), on how many records.
+    scaling_shapes: Vec<scaling::Shape>,
     scaling_records: u64,
     /// The phases to run (`BENCH_PHASES`), all by default.
     phases: Vec<String>,
@@ -185,13 +192,17 @@ impl Settings {
                 Some(other) => panic!("BENCH_KEYING={other}: unrelated or id"),
             },
             retention: Duration::from_secs(env_num("BENCH_RETENTION_SECONDS", 120)),
+            threads: env_num("BENCH_THREADS", 1) as u32,
             latency_percent: env_num("BENCH_LATENCY_PERCENT", 50),
             latency_rate: var("BENCH_LATENCY_RATE").map(|_| env_num("BENCH_LATENCY_RATE", 0)),
             latency_warmup: Duration::from_secs(env_num("BENCH_LATENCY_WARMUP_SECONDS", 30)),
             latency_duration: Duration::from_secs(env_num("BENCH_LATENCY_SECONDS", 20)),
             recovery_keys: key_counts("BENCH_RECOVERY_KEYS", "20000,1000000,5000000"),
             failover_keys: key_counts("BENCH_FAILOVER_KEYS", "1000000"),
-            scaling_processes: key_counts("BENCH_SCALING_PROCESSES", "1,2,4"),
+            scaling_shapes: scaling::shapes(
+                &key_counts("BENCH_SCALING_PROCESSES", "1,2,4"),
+                &key_counts("BENCH_SCALING_THREADS", "2"),
+            ),
             scaling_records: env_num("BENCH_SCALING_RECORDS", records / 2),
             phases: var("BENCH_PHASES")
                 .unwrap_or_else(|| PHASES.join(","))
@@ -247,6 +258,7 @@ impl Settings {
             standby_replicas: 0,
             session_timeout: None,
             partitions: PARTITIONS,
+            processing_threads: self.threads,
         }
     }
 
@@ -292,7 +304,7 @@ struct FailoverRuns {
 /// The whole run. Returns whether every output was correct and every latency run steady.
 fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     println!(
-        "streamapp-processor vs Kafka Streams 4.4: {} records, {} runs, keys {:?} ({}), {PARTITIONS} partitions, commit interval {COMMIT_INTERVAL:?}, retention {:?}, broker {}",
+        "streamapp-processor vs Kafka Streams 4.4: {} records, {} runs, keys {:?} ({}), {PARTITIONS} partitions, {} processing thread(s), commit interval {COMMIT_INTERVAL:?}, retention {:?}, broker {}",
         settings.records,
         settings.runs,
         settings.keying,
@@ -301,6 +313,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         } else {
             "keyed by the id, no repartition"
         },
+        settings.threads,
         settings.retention,
         kafka::bootstrap()
     );
@@ -534,6 +547,8 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                     let options = AppOptions {
                         standby_replicas,
                         session_timeout: Some(failover::SESSION_TIMEOUT),
+                        // Standbys need the processor's one member per pod.
+                        processing_threads: 1,
                         ..settings.options(RETENTION)
                     };
                     let (app, loaded) = loaded_app(
@@ -585,19 +600,23 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         );
         describe_dataset(&dataset, started.elapsed().as_secs_f64());
         for r in 0..settings.runs {
-            println!(
-                "scaling run {}/{}: streamapp as {:?} processes on {} partitions",
-                r + 1,
-                settings.runs,
-                settings.scaling_processes,
-                scaling::PARTITIONS
-            );
-            let mut order = settings.scaling_processes.clone();
+            let mut order = settings.scaling_shapes.clone();
             if r % 2 == 1 {
                 order.reverse();
             }
-            for processes in order {
-                let id = format!("{run}-s{r}-{processes}p");
+            println!(
+                "scaling run {}/{}: streamapp as {} on {} partitions",
+                r + 1,
+                settings.runs,
+                order
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", then "),
+                scaling::PARTITIONS
+            );
+            for shape in order {
+                let id = format!("{run}-s{r}-{}p{}t", shape.processes, shape.threads);
                 let (figures, check) = scaling::run_processes(
                     settings,
                     topics,
@@ -605,7 +624,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                     &id,
                     &input,
                     &dataset,
-                    processes as usize,
+                    shape,
                 );
                 if !check.correct {
                     println!(
@@ -790,19 +809,15 @@ fn table(m: &Measured, settings: &Settings) -> Table {
             failover(|f| f.restored as f64),
         ));
     }
-    for &processes in &settings.scaling_processes {
+    for &shape in &settings.scaling_shapes {
         let runs: Vec<(Peer, Throughput)> = m
             .scaling
             .iter()
-            .filter(|s| s.processes as u64 == processes)
+            .filter(|s| s.shape == shape)
             .map(|s| (Peer::Streamapp, s.figures))
             .collect();
         let scaled = |f: fn(&Throughput) -> f64| per_peer(&runs, f);
-        // No comma: the label is a CSV field too.
-        let label = format!(
-            "scaling: {processes} process(es) on {} partitions",
-            scaling::PARTITIONS
-        );
+        let label = shape.label();
         rows.push(Row::new(
             format!("{label}: throughput"),
             "records/s",

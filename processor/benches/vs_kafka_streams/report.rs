@@ -274,6 +274,29 @@ impl Table {
                 verdict(two >= 1.7 * one)
             );
         }
+        // Scaling up: one process with two processing threads against one with one.
+        let two_threads = self
+            .find("scaling: 1 process(es) with 2 threads on ")
+            .filter(|r| r.metric.ends_with(": throughput"))
+            .and_then(|r| r.get(Peer::Streamapp));
+        let two_threads_busy = self
+            .rows
+            .iter()
+            .find(|r| {
+                r.metric
+                    .starts_with("scaling: 1 process(es) with 2 threads")
+                    && r.metric.ends_with(": machine busy")
+            })
+            .and_then(|r| r.get(Peer::Streamapp));
+        if let (Some((one, _)), Some(two)) = (scaling(1), two_threads) {
+            println!(
+                "goal: scaling, 1 process with 2 threads at least 1.7x one thread: {:.2}x (machine busy {} of {} cores) — {}",
+                two / one,
+                two_threads_busy.map_or("-".into(), |b| format!("{b:.2}")),
+                crate::common::cores(),
+                verdict(two >= 1.7 * one)
+            );
+        }
         if let (Some((two, _)), Some((four, busy))) = (scaling(2), scaling(4)) {
             println!(
                 "scaling, 4 processes: {:.2}x two processes (machine busy {} of {} cores)",

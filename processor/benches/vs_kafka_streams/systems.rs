@@ -129,6 +129,9 @@ pub struct App {
     pub retention: std::time::Duration,
     /// `num.standby.replicas` of a Kafka Streams peer (the processor's is in its configuration).
     standby_replicas: u32,
+    /// `num.stream.threads` of a Kafka Streams peer (the processor's `processingThreads` is in
+    /// its configuration).
+    stream_threads: u32,
     /// The group's timing, as librdkafka and the Java client both name it.
     group_properties: Vec<(String, String)>,
     pub dir: PathBuf,
@@ -162,6 +165,7 @@ impl App {
             repartition: None,
             retention: options.retention,
             standby_replicas: options.standby_replicas,
+            stream_threads: options.processing_threads,
             group_properties: options.group_properties(),
             dir,
             topics: Vec::new(),
@@ -227,6 +231,7 @@ impl App {
             .arg(format!("repartition={}", self.repartition.is_some()))
             .args(self.peer.kafka_streams_args(settings))
             .arg(format!("standby-replicas={}", self.standby_replicas))
+            .arg(format!("stream-threads={}", self.stream_threads))
             .args(
                 self.group_properties
                     .iter()

@@ -72,7 +72,8 @@ import org.apache.kafka.streams.state.WindowStoreIterator;
  * absent: Kafka Streams' defaults), cache-bytes (absent or 0: the store is not cached, the
  * default of a store builder; otherwise caching on with this statestore.cache.max.bytes),
  * group-instance-id (static membership), ready-file (touched each time the instance reaches
- * RUNNING), standby-replicas ({@code num.standby.replicas}, default 0), tasks-file (rewritten
+ * RUNNING), standby-replicas ({@code num.standby.replicas}, default 0), stream-threads
+ * ({@code num.stream.threads}, default 1), tasks-file (rewritten
  * every half second with the stateful tasks this instance runs, the standby copies of their
  * store it keeps and the copies' total lag behind the changelog's last record,
  * {@code active=N standby-copies=N standby-lag=M}), and any {@code consumer.<setting>=value} (a consumer
@@ -98,7 +99,7 @@ public final class DedupApp {
     props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, required(args, "bootstrap"));
     props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
     props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, "100");
-    props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, "1");
+    props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, args.getOrDefault("stream-threads", "1"));
     props.put(StreamsConfig.STATE_DIR_CONFIG, required(args, "state-dir"));
     props.put(
         StreamsConfig.TRANSACTIONAL_STATE_STORES_CONFIG,
