@@ -232,6 +232,11 @@ async fn killing_a_two_thread_processor_container_restarts_it_and_replays_only_t
     app["spec"]["processingThreads"] = 2.into();
     s.apply(&app);
     s.wait_ready(READY_TIMEOUT).await;
+    assert_eq!(
+        testbed::kafka::group_members(&s.application_id()),
+        4,
+        "two pods of two processing threads: four group members"
+    );
     let mut sent = Sent::new();
     sent.produce(&s, 1000, 0.3, 0);
     s.wait_processed();

@@ -10,7 +10,6 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::*;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use streamapp_api::health::{ProcessorPhase, StoreOpen};
 use testbed::kafka;
 
@@ -43,18 +42,6 @@ fn thread_cpu_ticks(pid: u32, name: &str) -> Option<u64> {
     })
 }
 
-/// Members of the consumer group `group`, as the group coordinator lists them.
-fn group_members(group: &str) -> usize {
-    let consumer: BaseConsumer = kafka::client_config().create().unwrap();
-    let list = consumer
-        .fetch_group_list(Some(group), Duration::from_secs(10))
-        .unwrap();
-    list.groups()
-        .iter()
-        .find(|g| g.name() == group)
-        .map_or(0, |g| g.members().len())
-}
-
 fn ids(prefix: &str, range: std::ops::Range<usize>, t0: i64) -> Vec<Input> {
     range
         .map(|i| Input::cmd(&format!("{prefix}-{i}"), t0 + i as i64))
@@ -80,7 +67,11 @@ async fn two_threads_split_the_partitions_each_a_member_with_its_own_producer_an
     assert_eq!(app.read(&app.duplicates).len(), 4_000);
 
     // Two members of the group, two producers, both threads worked.
-    assert_eq!(group_members(&app.id), 2, "one group member per thread");
+    assert_eq!(
+        kafka::group_members(&app.id),
+        2,
+        "one group member per thread"
+    );
     for member in ["pod-0", "pod-0-thread-1"] {
         let txn = kafka::describe_transaction(&format!("{}-{member}", app.id));
         assert!(
@@ -161,7 +152,7 @@ async fn a_two_thread_process_killed_mid_stream_and_restarted_with_one_thread_ou
         10_000,
         "the repeats of 10,000..20,000 and nothing else"
     );
-    assert_eq!(group_members(&app.id), 1);
+    assert_eq!(kafka::group_members(&app.id), 1);
     assert_eq!(p.live_health().tasks.len(), 4);
 }
 
@@ -181,7 +172,7 @@ async fn a_second_two_thread_pod_takes_half_the_partitions_over_and_each_id_is_o
     p1.wait_ready(MINUTE);
     p0.wait_health("two tasks left on pod-0", MINUTE, |h| h.tasks.len() == 2);
     p1.wait_health("two tasks on pod-1", MINUTE, |h| h.tasks.len() == 2);
-    assert_eq!(group_members(&app.id), 4);
+    assert_eq!(kafka::group_members(&app.id), 4);
     app.produce(&ids("j", 2_000..6_000, t0 + 5_000));
     app.wait_until_processed(MINUTE);
     let output = app.read(&app.output);

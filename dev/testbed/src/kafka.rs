@@ -328,6 +328,18 @@ pub fn wait_for_group_caught_up(group: &str, topic: &str, timeout: Duration) {
     }
 }
 
+/// Members of consumer group `group` as its coordinator lists them (0 when it has none).
+pub fn group_members(group: &str) -> usize {
+    let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
+    let list = consumer
+        .fetch_group_list(Some(group), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("listing group {group}: {e}"));
+    list.groups()
+        .iter()
+        .find(|g| g.name() == group)
+        .map_or(0, |g| g.members().len())
+}
+
 /// Whether `topic` exists (its metadata lists partitions).
 pub fn topic_exists(topic: &str) -> bool {
     let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
