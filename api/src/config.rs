@@ -300,9 +300,18 @@ pub struct WalTuning {
     pub sync_on_commit: Option<bool>,
 }
 
-/// Memory of the processor beyond RocksDB: librdkafka's producer and consumer queues (the
-/// engine bounds them to 64 MiB and 16 MiB per partition buffer), HTTP, the runtime.
-pub const PROCESS_OVERHEAD_BYTES: u64 = 192 << 20;
+/// Memory of the processor beyond RocksDB and its processing threads' Kafka clients: HTTP, the
+/// runtime, the rest of the process.
+pub const PROCESS_BASE_BYTES: u64 = 112 << 20;
+/// Memory of each processing thread's Kafka clients: librdkafka's producer and consumer queues
+/// (the engine bounds them to 64 MiB and 16 MiB).
+pub const THREAD_CLIENT_BYTES: u64 = 80 << 20;
+
+/// Memory of the processor beyond RocksDB with `processing_threads` threads (192 MiB with
+/// one): the stores' memory is shared by the threads, their Kafka clients are not.
+pub fn process_overhead_bytes(processing_threads: u32) -> u64 {
+    PROCESS_BASE_BYTES + THREAD_CLIENT_BYTES * u64::from(processing_threads.max(1))
+}
 
 /// RocksDB tuning with every knob decided: what the processor opens its stores with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -391,11 +400,11 @@ impl ResolvedRocksDb {
         self.block_cache_bytes + self.memtable_budget_bytes
     }
 
-    /// Memory the processor container needs: RocksDB's share plus the process itself
-    /// (librdkafka's bounded queues, buffers, the runtime). The operator checks a spec's
-    /// memory limit against this.
-    pub fn container_memory_bytes(&self) -> u64 {
-        self.rocksdb_memory_bytes() + PROCESS_OVERHEAD_BYTES
+    /// Memory the processor container needs with `processing_threads` threads: RocksDB's
+    /// share plus the process itself (librdkafka's bounded queues, buffers, the runtime). The
+    /// operator checks a spec's memory limit against this.
+    pub fn container_memory_bytes(&self, processing_threads: u32) -> u64 {
+        self.rocksdb_memory_bytes() + process_overhead_bytes(processing_threads)
     }
 
     /// How the memtable budget is split: (active stores, standby and warm-up stores). With

@@ -3,7 +3,7 @@
 //! memory limit. A failed check blocks the rollout (pods keep the last good configuration) and
 //! becomes a `Degraded` condition with a reason.
 
-use streamapp_api::config::{PROCESS_OVERHEAD_BYTES, ProcessorConfig, ResolvedRocksDb};
+use streamapp_api::config::{ProcessorConfig, ResolvedRocksDb, process_overhead_bytes};
 use streamapp_api::crd::StreamApp;
 use streamapp_api::units::parse_quantity;
 
@@ -27,12 +27,16 @@ pub fn preflight(app: &StreamApp, config: &ProcessorConfig) -> Result<(), Blocke
         reason: INVALID_CONFIG,
         message: format!("{}: {}", spec_field(&e.field), e.message),
     })?;
-    check_memory_budget(app, &rocksdb)
+    check_memory_budget(app, &rocksdb, config.processing_threads)
 }
 
 /// Compares the memory the processor needs ([`ResolvedRocksDb::container_memory_bytes`]) with
 /// the processor container's memory limit. Without a limit there is nothing to exceed.
-pub fn check_memory_budget(app: &StreamApp, rocksdb: &ResolvedRocksDb) -> Result<(), Blocker> {
+pub fn check_memory_budget(
+    app: &StreamApp,
+    rocksdb: &ResolvedRocksDb,
+    processing_threads: u32,
+) -> Result<(), Blocker> {
     let Some(limit) = app
         .spec
         .resources
@@ -46,7 +50,7 @@ pub fn check_memory_budget(app: &StreamApp, rocksdb: &ResolvedRocksDb) -> Result
     let Ok(limit_bytes) = parse_quantity(&limit.0) else {
         return Ok(());
     };
-    let needed = rocksdb.container_memory_bytes();
+    let needed = rocksdb.container_memory_bytes(processing_threads);
     if needed <= limit_bytes {
         return Ok(());
     }
@@ -54,14 +58,14 @@ pub fn check_memory_budget(app: &StreamApp, rocksdb: &ResolvedRocksDb) -> Result
     Err(Blocker {
         reason: MEMORY_BUDGET_EXCEEDED,
         message: format!(
-            "the processor needs {} MiB (RocksDB block cache {} MiB + memtable budget {} MiB + {} MiB for the process) \
+            "the processor needs {} MiB (RocksDB block cache {} MiB + memtable budget {} MiB + {} MiB for the process with {processing_threads} processing thread(s)) \
              but resources.limits.memory is {}: {over_mib} MiB over. Lower rocksdb.blockCacheSize or \
              rocksdb.memtableBudget (or choose rocksdb.profile LowMemory), or raise resources.limits.memory; \
              the pods keep their current configuration until then",
             needed.div_ceil(MIB),
             rocksdb.block_cache_bytes.div_ceil(MIB),
             rocksdb.memtable_budget_bytes.div_ceil(MIB),
-            PROCESS_OVERHEAD_BYTES / MIB,
+            process_overhead_bytes(processing_threads) / MIB,
             limit.0,
         ),
     })
@@ -125,6 +129,22 @@ mod tests {
             "{}",
             blocker.message
         );
+    }
+
+    #[test]
+    fn each_processing_thread_adds_its_kafka_clients_not_rocksdb_memory() {
+        // Balanced with 3 threads: 50 + 128 + 112 + 3 x 80 MiB = 530 MiB.
+        let mut app = with_memory_limit("512Mi");
+        app.spec.processing_threads = 3;
+        let blocker = preflight(&app, &processor_config(&app)).unwrap_err();
+        assert!(
+            blocker.message.contains("needs 530 MiB")
+                && blocker.message.contains("with 3 processing thread(s)"),
+            "{}",
+            blocker.message
+        );
+        app.spec.processing_threads = 2;
+        assert_eq!(preflight(&app, &processor_config(&app)), Ok(()));
     }
 
     #[test]
