@@ -256,30 +256,28 @@ impl Shared {
 }
 
 /// The process is ready when every thread said it is; otherwise the reasons of those that are
-/// not (prefixed with the thread when there are several).
+/// not (prefixed with the thread when there are several, unless all give the same one).
 fn overall_readiness(threads: &[Option<Result<(), String>>]) -> (bool, Option<String>) {
-    let several = threads.len() > 1;
-    let why: Vec<String> = threads
+    let why: Vec<(usize, &str)> = threads
         .iter()
         .enumerate()
-        .filter_map(|(i, r)| {
-            let reason = match r {
-                Some(Ok(())) => return None,
-                Some(Err(reason)) => reason.as_str(),
-                None => "starting",
-            };
-            Some(if several {
-                format!("thread {i}: {reason}")
-            } else {
-                reason.to_string()
-            })
+        .filter_map(|(i, r)| match r {
+            Some(Ok(())) => None,
+            Some(Err(reason)) => Some((i, reason.as_str())),
+            None => Some((i, "starting")),
         })
         .collect();
-    if why.is_empty() {
-        (true, None)
-    } else {
-        (false, Some(why.join("; ")))
+    let Some(&(_, first)) = why.first() else {
+        return (true, None);
+    };
+    if why.len() == threads.len() && why.iter().all(|(_, r)| *r == first) {
+        return (false, Some(first.to_string()));
     }
+    let reasons: Vec<String> = why
+        .iter()
+        .map(|(i, r)| format!("thread {i}: {r}"))
+        .collect();
+    (false, Some(reasons.join("; ")))
 }
 
 #[cfg(test)]
@@ -304,6 +302,12 @@ mod tests {
             overall_readiness(&[ok, None]),
             (false, Some("thread 1: starting".into())),
             "a thread that has not said yet holds the process back"
+        );
+        let draining = Some(Err("draining".to_string()));
+        assert_eq!(
+            overall_readiness(&[draining.clone(), draining]),
+            (false, Some("draining".into())),
+            "one reason for all threads is said once"
         );
     }
 
