@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::*;
@@ -48,6 +47,19 @@ fn ids(prefix: &str, range: std::ops::Range<usize>, t0: i64) -> Vec<Input> {
         .collect()
 }
 
+/// The output holds `ids` distinct ids, each once, and the duplicates topic `repeats` records.
+fn assert_each_id_once(app: &App, ids: usize, repeats: usize) {
+    let output = app.read(&app.output);
+    let counted = counts(&output);
+    let repeated: Vec<_> = counted.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    assert!(
+        repeated.is_empty(),
+        "ids output more than once: {repeated:?}"
+    );
+    assert_eq!(counted.len(), ids, "every id output");
+    assert_eq!(app.read(&app.duplicates).len(), repeats);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn two_threads_split_the_partitions_each_a_member_with_its_own_producer_and_drain_together() {
     let _serial = serial().await;
@@ -60,11 +72,7 @@ async fn two_threads_split_the_partitions_each_a_member_with_its_own_producer_an
     app.produce(&ids("t", 0..4_000, t0));
     app.produce(&ids("t", 0..4_000, t0 + 10_000));
     app.wait_until_processed(MINUTE);
-    let output = app.read(&app.output);
-    let firsts: BTreeSet<String> = output.iter().map(Output::id).collect();
-    assert_eq!(output.len(), 4_000, "each id output once");
-    assert_eq!(firsts.len(), 4_000);
-    assert_eq!(app.read(&app.duplicates).len(), 4_000);
+    assert_each_id_once(&app, 4_000, 4_000);
 
     // Two members of the group, two producers, both threads worked.
     assert_eq!(
@@ -139,19 +147,8 @@ async fn a_two_thread_process_killed_mid_stream_and_restarted_with_one_thread_ou
     p.wait_ready(MINUTE);
     app.produce(&ids("k", 10_000..25_000, t0 + 1_000));
     app.wait_until_processed(Duration::from_secs(120));
-    let output = app.read(&app.output);
-    let counted = counts(&output);
-    let repeated: Vec<_> = counted.iter().filter(|(_, n)| **n > 1).take(5).collect();
-    assert!(
-        repeated.is_empty(),
-        "ids output more than once: {repeated:?}"
-    );
-    assert_eq!(output.len(), 25_000, "every id output, once");
-    assert_eq!(
-        app.read(&app.duplicates).len(),
-        10_000,
-        "the repeats of 10,000..20,000 and nothing else"
-    );
+    // The repeats of 10,000..20,000 are duplicates, nothing else.
+    assert_each_id_once(&app, 25_000, 10_000);
     assert_eq!(kafka::group_members(&app.id), 1);
     assert_eq!(p.live_health().tasks.len(), 4);
 }
@@ -175,15 +172,7 @@ async fn a_second_two_thread_pod_takes_half_the_partitions_over_and_each_id_is_o
     assert_eq!(kafka::group_members(&app.id), 4);
     app.produce(&ids("j", 2_000..6_000, t0 + 5_000));
     app.wait_until_processed(MINUTE);
-    let output = app.read(&app.output);
-    let counted = counts(&output);
-    let repeated: Vec<_> = counted.iter().filter(|(_, n)| **n > 1).take(5).collect();
-    assert!(
-        repeated.is_empty(),
-        "ids output more than once: {repeated:?}"
-    );
-    assert_eq!(output.len(), 6_000);
-    assert_eq!(app.read(&app.duplicates).len(), 2_000);
+    assert_each_id_once(&app, 6_000, 2_000);
     // A store passing between two threads of a process is opened once the other closed it,
     // never found locked by it.
     for p in [&p0, &p1] {
