@@ -131,9 +131,9 @@ impl Shared {
         let mut report = self.health.lock().unwrap();
         report.readiness[thread] = Some(readiness);
         let (ready, reason) = overall_readiness(&report.readiness);
+        let changed = report.health.not_ready_reason != reason;
         drop(report);
         let was = self.ready.swap(ready, Ordering::SeqCst);
-        let changed = self.health.lock().unwrap().health.not_ready_reason != reason;
         if changed {
             self.update(was != ready, |h| h.not_ready_reason = reason);
         }

@@ -252,52 +252,39 @@ impl Table {
         }
         // Issue 15: scaling out, with how busy the machine was (on 2 cores, 2 processes and the
         // broker share them: where throughput stops growing, the machine is the limit).
-        let scaling = |processes: u32| {
-            let label = format!("scaling: {processes} process(es)");
-            let throughput = self
-                .find(&format!("{label} on "))
-                .filter(|r| r.metric.ends_with(": throughput"))
-                .and_then(|r| r.get(Peer::Streamapp))?;
-            let busy = self
-                .rows
-                .iter()
-                .find(|r| r.metric.starts_with(&label) && r.metric.ends_with(": machine busy"))
-                .and_then(|r| r.get(Peer::Streamapp));
-            Some((throughput, busy))
+        // Each shape's throughput and how busy the machine was, by its rows' labels.
+        let scaling = |processes: u64, threads: u64| {
+            let label = crate::scaling::Shape { processes, threads }.label();
+            let figure = |what: &str| {
+                self.rows
+                    .iter()
+                    .find(|r| r.metric == format!("{label}: {what}"))
+                    .and_then(|r| r.get(Peer::Streamapp))
+            };
+            Some((figure("throughput")?, figure("machine busy")))
         };
-        if let (Some((one, _)), Some((two, busy))) = (scaling(1), scaling(2)) {
-            println!(
-                "goal: scaling, 2 processes at least 1.7x one process: {:.2}x (machine busy {} of {} cores) — {}",
-                two / one,
-                busy.map_or("-".into(), |b| format!("{b:.2}")),
-                crate::common::cores(),
-                verdict(two >= 1.7 * one)
-            );
+        let scaling_goal =
+            |what: &str, (base, _): (f64, Option<f64>), (scaled, busy): (f64, Option<f64>)| {
+                println!(
+                    "goal: scaling, {what}: {:.2}x (machine busy {} of {} cores) — {}",
+                    scaled / base,
+                    busy.map_or("-".into(), |b| format!("{b:.2}")),
+                    crate::common::cores(),
+                    verdict(scaled >= 1.7 * base)
+                );
+            };
+        if let (Some(one), Some(two)) = (scaling(1, 1), scaling(2, 1)) {
+            scaling_goal("2 processes at least 1.7x one process", one, two);
         }
         // Scaling up: one process with two processing threads against one with one.
-        let two_threads = self
-            .find("scaling: 1 process(es) with 2 threads on ")
-            .filter(|r| r.metric.ends_with(": throughput"))
-            .and_then(|r| r.get(Peer::Streamapp));
-        let two_threads_busy = self
-            .rows
-            .iter()
-            .find(|r| {
-                r.metric
-                    .starts_with("scaling: 1 process(es) with 2 threads")
-                    && r.metric.ends_with(": machine busy")
-            })
-            .and_then(|r| r.get(Peer::Streamapp));
-        if let (Some((one, _)), Some(two)) = (scaling(1), two_threads) {
-            println!(
-                "goal: scaling, 1 process with 2 threads at least 1.7x one thread: {:.2}x (machine busy {} of {} cores) — {}",
-                two / one,
-                two_threads_busy.map_or("-".into(), |b| format!("{b:.2}")),
-                crate::common::cores(),
-                verdict(two >= 1.7 * one)
+        if let (Some(one), Some(two)) = (scaling(1, 1), scaling(1, 2)) {
+            scaling_goal(
+                "1 process with 2 threads at least 1.7x one thread",
+                one,
+                two,
             );
         }
-        if let (Some((two, _)), Some((four, busy))) = (scaling(2), scaling(4)) {
+        if let (Some((two, _)), Some((four, busy))) = (scaling(2, 1), scaling(4, 1)) {
             println!(
                 "scaling, 4 processes: {:.2}x two processes (machine busy {} of {} cores)",
                 four / two,
