@@ -1,0 +1,169 @@
+//! How the processor reaches Kafka: the client settings, the properties it keeps for itself,
+//! and how the state-aware group membership connects.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How the processor reaches Kafka.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KafkaClient {
+    /// Comma-separated `host:port` list.
+    #[schemars(length(min = 1))]
+    pub bootstrap_servers: String,
+    /// Extra librdkafka client properties passed through as they are (for example
+    /// `security.protocol`, `sasl.mechanism`, `ssl.ca.location`). Properties the processor
+    /// owns for exactly-once and its rebalance handling ([`RESERVED_KAFKA_PROPERTIES`]) are
+    /// refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// A SASL mechanism the state-aware group membership (`standbyReplicas` ≥ 1) speaks on its own
+/// connections, beside librdkafka's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaslMechanism {
+    Plain,
+    ScramSha256,
+    ScramSha512,
+}
+
+impl SaslMechanism {
+    pub const ALL: [SaslMechanism; 3] = [
+        SaslMechanism::Plain,
+        SaslMechanism::ScramSha256,
+        SaslMechanism::ScramSha512,
+    ];
+
+    /// Its name in Kafka's protocol and in librdkafka's `sasl.mechanism`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SaslMechanism::Plain => "PLAIN",
+            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
+}
+
+/// How the state-aware group membership connects, read from the Kafka client settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MembershipConnection {
+    pub tls: bool,
+    /// `None`: no SASL.
+    pub sasl: Option<SaslMechanism>,
+}
+
+/// How the state-aware group membership connects, or the first client setting it cannot
+/// honour with why (`(property, why)`). It speaks TLS (CA and client certificate as PEM, host
+/// names checked) and SASL PLAIN and SCRAM, as librdkafka does; anything that would have it
+/// connect differently from the rest of the processor is refused. `get` reads a client
+/// property. Checked when the configuration is validated and again by the processor when it
+/// connects.
+pub fn membership_connection<'a>(
+    get: impl Fn(&str) -> Option<&'a str>,
+) -> Result<MembershipConnection, (String, String)> {
+    let get = |k: &str| get(k).map(str::trim).filter(|v| !v.is_empty());
+    let refuse = |key: &str, why: String| Err((key.to_string(), why));
+    for (key, why) in [
+        (
+            "ssl.keystore.location",
+            "use PEM files (ssl.certificate.location, ssl.key.location)",
+        ),
+        ("ssl.key.password", "use an unencrypted PEM key"),
+        (
+            "ssl.engine.location",
+            "OpenSSL engines are librdkafka's only",
+        ),
+        ("ssl.providers", "OpenSSL providers are librdkafka's only"),
+    ] {
+        if get(key).is_some() {
+            return refuse(key, format!("is not supported with standbys: {why}"));
+        }
+    }
+    let protocol = get("security.protocol").unwrap_or("plaintext");
+    let (tls, sasl) = match protocol.to_ascii_lowercase().as_str() {
+        "plaintext" => (false, false),
+        "ssl" => (true, false),
+        "sasl_plaintext" => (false, true),
+        "sasl_ssl" => (true, true),
+        other => {
+            return refuse(
+                "security.protocol",
+                format!("{other} is not a security protocol"),
+            );
+        }
+    };
+    let sasl = if sasl {
+        let (key, name) = match (get("sasl.mechanism"), get("sasl.mechanisms")) {
+            (Some(m), _) => ("sasl.mechanism", m),
+            (None, Some(m)) => ("sasl.mechanisms", m),
+            (None, None) => ("sasl.mechanism", "GSSAPI"),
+        };
+        let Some(mechanism) = SaslMechanism::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(name))
+        else {
+            let spoken: Vec<&str> = SaslMechanism::ALL.iter().map(|m| m.name()).collect();
+            return refuse(
+                key,
+                format!(
+                    "{name} is not supported with standbys (the group membership speaks {})",
+                    spoken.join(", ")
+                ),
+            );
+        };
+        Some(mechanism)
+    } else {
+        None
+    };
+    if let Some(a) = get("ssl.endpoint.identification.algorithm")
+        && !a.eq_ignore_ascii_case("https")
+    {
+        return refuse(
+            "ssl.endpoint.identification.algorithm",
+            format!(
+                "{a} is not supported with standbys: the group membership checks that the \
+                 broker's certificate names the host or IP address it connects to"
+            ),
+        );
+    }
+    if get("enable.ssl.certificate.verification").is_some_and(|v| v.eq_ignore_ascii_case("false")) {
+        return refuse(
+            "enable.ssl.certificate.verification",
+            "false is not supported with standbys: give the CA (kafka.tls)".into(),
+        );
+    }
+    Ok(MembershipConnection { tls, sasl })
+}
+
+/// Client properties the processor sets itself: overriding them would break exactly-once or
+/// the processor's handling of rebalances.
+///
+/// - read_committed, transactions and idempotence: `isolation.level`, `transactional.id`,
+///   `enable.idempotence`, `acks`;
+/// - offsets are committed inside transactions only: `enable.auto.commit`,
+///   `enable.auto.offset.store`, `auto.offset.reset`;
+/// - identity: `group.id`, `group.instance.id`, `bootstrap.servers` (from
+///   `kafka.bootstrapServers`);
+/// - rebalances are handled eagerly (revoke everything, then assign): `group.protocol`
+///   (KIP-848's `consumer` protocol makes them incremental), `group.remote.assignor`,
+///   `partition.assignment.strategy` (`cooperative-sticky` is incremental too);
+/// - the loop treats partition-end events as errors: `enable.partition.eof`.
+pub const RESERVED_KAFKA_PROPERTIES: &[&str] = &[
+    "isolation.level",
+    "transactional.id",
+    "enable.idempotence",
+    "acks",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "group.id",
+    "group.instance.id",
+    "bootstrap.servers",
+    "group.protocol",
+    "group.remote.assignor",
+    "partition.assignment.strategy",
+    "enable.partition.eof",
+];
