@@ -11,7 +11,7 @@ use crate::systems::Peer;
 #[derive(Clone, Copy, Debug)]
 pub struct Stats {
     pub median: f64,
-    /// (max − min) / median, in %.
+    /// (max − min) / median, in %; 0 when every run gave the same figure.
     pub spread_pct: f64,
     pub runs: usize,
 }
@@ -30,9 +30,12 @@ impl Stats {
         } else {
             (v[n / 2 - 1] + v[n / 2]) / 2.0
         };
+        // Identical runs have no spread, also when they are all 0 (records restored).
+        let range = v[n - 1] - v[0];
+        let spread_pct = if range == 0.0 { 0.0 } else { 100.0 * range / median.abs() };
         Some(Stats {
             median,
-            spread_pct: 100.0 * (v[n - 1] - v[0]) / median.abs(),
+            spread_pct,
             runs: n,
         })
     }
