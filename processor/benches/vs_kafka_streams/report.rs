@@ -32,7 +32,11 @@ impl Stats {
         };
         // Identical runs have no spread, also when they are all 0 (records restored).
         let range = v[n - 1] - v[0];
-        let spread_pct = if range == 0.0 { 0.0 } else { 100.0 * range / median.abs() };
+        let spread_pct = if range == 0.0 {
+            0.0
+        } else {
+            100.0 * range / median.abs()
+        };
         Some(Stats {
             median,
             spread_pct,
