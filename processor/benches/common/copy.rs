@@ -67,6 +67,7 @@ pub fn run(args: &[String]) {
         .set("auto.offset.reset", "earliest")
         .set("partition.assignment.strategy", "range")
         .set("queued.max.messages.kbytes", "16384")
+        .set("fetch.queue.backoff.ms", "10")
         .create()
         .expect("consumer");
     consumer.subscribe(&[input]).expect("subscribe");

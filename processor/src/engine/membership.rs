@@ -68,6 +68,11 @@ pub(super) fn new_consumer(
     let mut client = cfg.client.clone();
     // Bounded buffers: the operator's memory budget counts on them.
     default_property(&mut client, "queued.max.messages.kbytes", "16384");
+    // When that buffer is full, librdkafka postpones each partition's next fetch by this long
+    // (1 s by default). One engine drains 16 MiB in well under a second, so with the default
+    // it ran dry and waited: bursts of processing between idle gaps of 0.5-2.5 s, and 56% of
+    // the throughput it reaches with 10 ms (make bench-compare, README "Performance").
+    default_property(&mut client, "fetch.queue.backoff.ms", "10");
     // With our own membership this consumer never joins the group (it is only assigned
     // partitions); the group id is for fetching the committed offsets.
     if cfg.group.standby_replicas == 0 {
