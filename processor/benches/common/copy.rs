@@ -58,16 +58,15 @@ pub fn run(args: &[String]) {
     for (k, v) in system_properties() {
         client.set(k, v);
     }
-    let consumer: BaseConsumer = client
-        .clone()
+    let mut consumer_cfg = client.clone();
+    streamapp_processor::engine::bound_consumer_buffer(&mut consumer_cfg);
+    let consumer: BaseConsumer = consumer_cfg
         .set("group.id", group)
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("partition.assignment.strategy", "range")
-        .set("queued.max.messages.kbytes", "16384")
-        .set("fetch.queue.backoff.ms", "10")
         .create()
         .expect("consumer");
     consumer.subscribe(&[input]).expect("subscribe");

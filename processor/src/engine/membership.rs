@@ -16,7 +16,7 @@ use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tracing::{info, warn};
 
 use super::{Engine, EngineConfig, EngineError, RouteTask, Task, default_property};
@@ -61,18 +61,24 @@ impl ConsumerContext for GroupContext {
 
 pub type GroupConsumer = BaseConsumer<GroupContext>;
 
+/// The engine's consumer buffer, unless the user's properties say otherwise (the benchmarks'
+/// transactional copy takes the same, so that only the topology differs).
+pub fn bound_consumer_buffer(client: &mut ClientConfig) {
+    // Bounded buffers: the operator's memory budget counts on them.
+    default_property(client, "queued.max.messages.kbytes", "16384");
+    // When that buffer is full, librdkafka postpones each partition's next fetch by this long
+    // (1 s by default). One engine drains 16 MiB in well under a second, so with the default
+    // it ran dry and waited: bursts of processing between idle gaps of 0.5-2.5 s, and 56% of
+    // the throughput it reaches with 10 ms (make bench-compare, README "Performance").
+    default_property(client, "fetch.queue.backoff.ms", "10");
+}
+
 pub(super) fn new_consumer(
     cfg: &EngineConfig,
     engine: Arc<Mutex<Engine>>,
 ) -> Result<GroupConsumer, EngineError> {
     let mut client = cfg.client.clone();
-    // Bounded buffers: the operator's memory budget counts on them.
-    default_property(&mut client, "queued.max.messages.kbytes", "16384");
-    // When that buffer is full, librdkafka postpones each partition's next fetch by this long
-    // (1 s by default). One engine drains 16 MiB in well under a second, so with the default
-    // it ran dry and waited: bursts of processing between idle gaps of 0.5-2.5 s, and 56% of
-    // the throughput it reaches with 10 ms (make bench-compare, README "Performance").
-    default_property(&mut client, "fetch.queue.backoff.ms", "10");
+    bound_consumer_buffer(&mut client);
     // With our own membership this consumer never joins the group (it is only assigned
     // partitions); the group id is for fetching the committed offsets.
     if cfg.group.standby_replicas == 0 {

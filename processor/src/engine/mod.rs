@@ -70,7 +70,7 @@ use crate::state_updater::StateUpdater;
 use crate::store::{MemoryRole, SharedMemory, Staged, TaskStore, Verifier};
 
 pub use delivery::{DeliveryTracker, Origin, await_deliveries};
-pub use membership::{GroupConsumer, GroupContext};
+pub use membership::{GroupConsumer, GroupContext, bound_consumer_buffer};
 
 /// Timeout of each transactional call; retriable errors are retried until [`TXN_DEADLINE`].
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(10);
