@@ -13,8 +13,9 @@
 //!    **warm-up** (a standby that is a move in progress); the leader then asks for a probing
 //!    rebalance, and once the warm-up is within the acceptable lag the task moves.
 //! 3. Each task gets up to `standby_replicas` standbys on other members than its active (and
-//!    its warm-up), preferring members that hold its state, then members on other nodes than
-//!    the active's, then the least loaded.
+//!    its warm-up), preferring members on other nodes than the active's (a standby on the
+//!    active's node is lost with it, however caught up), then members that hold its state,
+//!    then the least loaded.
 //! 4. A repartitioning topology's route stage (input partitions, no state) is spread evenly
 //!    over the members, the same way for the same members.
 //!
@@ -152,7 +153,7 @@ pub fn assign(members: &[Member], facts: &Facts) -> Assignment {
         }
     }
 
-    // 3. Standbys on other members, state first, then other nodes, then the least loaded.
+    // 3. Standbys on other members: other nodes first, then state, then the least loaded.
     let mut standby_load = vec![0usize; members.len()];
     let mut standbys: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
     for &t in &tasks {
@@ -166,8 +167,8 @@ pub fn assign(members: &[Member], facts: &Facts) -> Assignment {
             let m = members[i];
             let same_node = active_node.is_some() && m.node.as_deref() == active_node;
             (
-                lag(m, t, facts).unwrap_or(u64::MAX),
                 same_node,
+                lag(m, t, facts).unwrap_or(u64::MAX),
                 standby_load[i],
                 i,
             )
@@ -379,6 +380,33 @@ mod tests {
         assert_eq!(standby_of(1), ["c"], "not on a, b's node: {a:?}");
         assert_eq!(standby_of(2).len(), 1);
         assert_ne!(standby_of(2), ["c"]);
+    }
+
+    #[test]
+    fn a_standby_goes_to_another_node_even_when_a_member_on_the_actives_node_holds_the_state() {
+        // a and b share a node, and b holds a caught-up copy of a's task; c, on another node,
+        // holds nothing.
+        let mut members = vec![
+            member("a", &[0], &[(0, 1000)]),
+            member("b", &[1], &[(0, 1000), (1, 1000)]),
+            member("c", &[2], &[(2, 1000)]),
+        ];
+        members[1].node = Some("node-a".into());
+        let a = assign(&members, &facts(3, 1000, 1));
+        every_task_once(&a, 3);
+        assert!(
+            a.members["c"].standby.contains(&0),
+            "task 0's standby is on another node than its active: {a:?}"
+        );
+        assert!(!a.members["b"].standby.contains(&0), "{a:?}");
+        // With the state on another node, the state wins among the other nodes' members.
+        let members = vec![
+            member("a", &[0], &[(0, 1000)]),
+            member("b", &[1], &[(1, 1000)]),
+            member("c", &[2], &[(0, 990), (2, 1000)]),
+        ];
+        let a = assign(&members, &facts(3, 1000, 1));
+        assert!(a.members["c"].standby.contains(&0), "{a:?}");
     }
 
     #[test]
