@@ -355,3 +355,53 @@ async fn standbys_are_refused_with_a_sasl_mechanism_the_membership_does_not_spea
     assert!(out.contains("streamapp.streamapp.dev/a created"), "{out}");
     ns.delete().await;
 }
+
+#[tokio::test]
+async fn a_topic_named_like_an_internal_topic_is_refused() {
+    let ns = namespace("internal").await;
+    let expected = "are StreamApp's internal topics";
+    for (field, topic) in [
+        ("outputTopic", format!("{}.a-dedup-changelog", ns.name)),
+        (
+            "deadLetterTopic",
+            format!("{}.a-dedup-repartition", ns.name),
+        ),
+        ("duplicatesTopic", "shop.orders-dedup-changelog".to_string()),
+    ] {
+        let app = with(
+            streamapp_json("a", 1),
+            &format!("/spec/topology/{field}"),
+            topic.into(),
+        );
+        assert_refused(&ns.name, app, expected);
+    }
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn a_disruption_budget_that_allows_no_pod_down_is_refused() {
+    let ns = namespace("budget").await;
+    let expected = "disruptionBudget.maxUnavailable must allow at least one pod";
+    // A string must be a percentage, as a PodDisruptionBudget's is.
+    for zero in [
+        serde_json::json!(0),
+        serde_json::json!("0%"),
+        serde_json::json!("1"),
+    ] {
+        let app = with(
+            streamapp_json("a", 1),
+            "/spec/disruptionBudget",
+            serde_json::json!({ "maxUnavailable": zero }),
+        );
+        assert_refused(&ns.name, app, expected);
+    }
+    for fine in [serde_json::json!(2), serde_json::json!("25%")] {
+        let app = with(
+            streamapp_json("a", 1),
+            "/spec/disruptionBudget",
+            serde_json::json!({ "maxUnavailable": fine }),
+        );
+        apply(&ns.name, &app).unwrap_or_else(|e| panic!("{fine} is accepted: {e}"));
+    }
+    ns.delete().await;
+}

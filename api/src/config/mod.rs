@@ -268,6 +268,7 @@ impl ProcessorConfig {
             return Err(ConfigError::field(&format!("kafka.properties.{key}"), why));
         }
         let topology = self.topology.resolve()?;
+        self.check_internal_topics_unused()?;
         let producer_max = self.producer_message_max_bytes()?;
         if topology.max_value_bytes + RECORD_OVERHEAD_BYTES > producer_max {
             return Err(ConfigError::field(
@@ -282,6 +283,40 @@ impl ProcessorConfig {
             ));
         }
         Ok((topology, self.rocksdb.resolve()?))
+    }
+
+    /// The topology's topics must not be the application's own internal topics: outputs
+    /// written into its changelog would become its state, into its repartition topic its
+    /// input. Both names are refused whether or not the topology repartitions now (a change
+    /// of `topology.dedupId` starts it).
+    fn check_internal_topics_unused(&self) -> Result<(), ConfigError> {
+        let changelog = self.changelog_topic();
+        let repartition = format!("{}-dedup-repartition", self.application_id);
+        let t = &self.topology;
+        let topics = [
+            ("topology.inputTopic", Some(&t.input_topic)),
+            ("topology.outputTopic", Some(&t.output_topic)),
+            ("topology.deadLetterTopic", Some(&t.dead_letter_topic)),
+            ("topology.duplicatesTopic", t.duplicates_topic.as_ref()),
+        ];
+        for (field, topic) in topics {
+            let Some(topic) = topic else { continue };
+            let role = if *topic == changelog {
+                "changelog"
+            } else if *topic == repartition {
+                "repartition topic"
+            } else {
+                continue;
+            };
+            return Err(ConfigError::field(
+                field,
+                format!(
+                    "{topic} is this application's own {role}, which only the processor writes \
+                     (its state); choose another topic"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The largest record the producer sends: `kafka.properties.message.max.bytes`, or
@@ -316,6 +351,27 @@ impl ProcessorConfig {
 mod tests {
     use super::topology::tests::topology;
     use super::*;
+
+    #[test]
+    fn a_topic_that_is_the_applications_own_internal_topic_is_refused_naming_the_field() {
+        for (internal, role) in [
+            ("app-dedup-changelog", "changelog"),
+            ("app-dedup-repartition", "repartition topic"),
+        ] {
+            let mut c = processor_config(&[]);
+            c.topology.output_topic = internal.into();
+            let e = c.validate().unwrap_err();
+            assert_eq!(e.field, "topology.outputTopic");
+            assert!(e.message.contains(role), "{}", e.message);
+            let mut c = processor_config(&[]);
+            c.topology.duplicates_topic = Some(internal.into());
+            assert_eq!(c.validate().unwrap_err().field, "topology.duplicatesTopic");
+        }
+        let mut c = processor_config(&[]);
+        c.topology.output_topic = "other-app-dedup-changelog".into();
+        c.validate()
+            .expect("another application's internal topic is refused at admission (a CEL rule of the CRD), not here");
+    }
 
     fn processor_config(properties: &[(&str, &str)]) -> ProcessorConfig {
         ProcessorConfig {
