@@ -75,6 +75,10 @@ pub fn pod_status(
             i64::try_from(h.dead_letters.values().sum::<u64>()).unwrap_or(i64::MAX)
         }),
         miskeyed_records: file.map_or(0, |h| i64::try_from(h.miskeyed_records).unwrap_or(i64::MAX)),
+        skipped_changelog_records: file.map_or(0, |h| {
+            i64::try_from(h.skipped_changelog_records).unwrap_or(i64::MAX)
+        }),
+        last_skipped_changelog_record: file.and_then(|h| h.last_skipped_changelog_record.clone()),
         last_dead_letter: file.and_then(|h| h.last_dead_letter.as_ref()).map(|d| {
             format!(
                 "{} at {} ({}): {}",

@@ -124,6 +124,7 @@ use crate::config::{RocksDbTuning, Topology};
     validation = Rule::new("!has(self.topology.dedupId) || self.topology.dedupId.source != 'JsonPointer' || (has(self.topology.dedupId.jsonPointer) && self.topology.dedupId.jsonPointer.startsWith('/'))").message("topology.dedupId.jsonPointer (starting with '/', e.g. /commandId) is required when topology.dedupId.source is JsonPointer"),
     validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.wal) || !has(self.rocksdb.wal.recoveryMode) || self.rocksdb.wal.recoveryMode != 'SkipAnyCorruptedRecords'").message("rocksdb.wal.recoveryMode SkipAnyCorruptedRecords can leave holes in the store that no offset reveals; use PointInTime, TolerateCorruptedTailRecords or AbsoluteConsistency"),
     validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.compactionStyle) || self.rocksdb.compactionStyle != 'Fifo'").message("rocksdb.compactionStyle Fifo deletes the oldest SST files and with them ids the store still vouches for, so repeats would be output as first occurrences; use Level (default) or Universal"),
+    validation = Rule::new("![self.topology.inputTopic, self.topology.outputTopic, self.topology.deadLetterTopic].exists(t, t.endsWith('-dedup-changelog') || t.endsWith('-dedup-repartition')) && (!has(self.topology.duplicatesTopic) || !(self.topology.duplicatesTopic.endsWith('-dedup-changelog') || self.topology.duplicatesTopic.endsWith('-dedup-repartition')))").message("topic names ending in -dedup-changelog or -dedup-repartition are StreamApp's internal topics (<namespace>.<name>-dedup-changelog and -dedup-repartition), which only the processor writes: outputs written there would become a store's state; choose another topic"),
     validation = Rule::new("![self.topology.inputTopic, self.topology.outputTopic, self.topology.deadLetterTopic].exists(t, t == '.' || t == '..') && (!has(self.topology.duplicatesTopic) || !(self.topology.duplicatesTopic in ['.', '..']))").message("topic names must not be '.' or '..' (Kafka refuses them)"),
     validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.blockSize) || quantity(self.rocksdb.blockSize).compareTo(quantity('1Ki')) >= 0").message("rocksdb.blockSize must be at least 1Ki"),
     validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.writeBufferSize) || quantity(self.rocksdb.writeBufferSize).compareTo(quantity('1Mi')) >= 0").message("rocksdb.writeBufferSize must be at least 1Mi (smaller memtables flush all the time)"),
@@ -207,11 +208,13 @@ pub struct StreamAppSpec {
     pub deletion_policy: DeletionPolicy,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DisruptionBudgetSpec {
-    /// Pods a voluntary disruption may take down at once: a number or a percentage.
+    /// Pods a voluntary disruption may take down at once: a number or a percentage, at least
+    /// one pod (0 or 0% would block every node drain for ever).
     #[serde(default = "default_max_unavailable")]
+    #[x_kube(validation = Rule::new("type(self) == int ? self > 0 : (self.matches('^[0-9]+%$') && !self.matches('^0+%$'))").message("disruptionBudget.maxUnavailable must allow at least one pod: a number from 1 or a percentage from 1% (0 would block every node drain, kubectl drain and node upgrades, for ever)"))]
     pub max_unavailable: k8s_openapi::apimachinery::pkg::util::intstr::IntOrString,
 }
 
@@ -606,6 +609,15 @@ pub struct PodStateStatus {
     /// not their dedup id (repeats of such ids on other partitions are output again).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub miskeyed_records: i64,
+    /// Changelog records a restore or a standby on this pod skipped since the processor
+    /// started: not written by the processor (no key, or a value that is not a time), so
+    /// someone else writes to the changelog. A key without a value (a tombstone) is not
+    /// skipped: it makes a rebuilt store forget that id.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_changelog_records: i64,
+    /// The last changelog record skipped: `partition/offset: why`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_skipped_changelog_record: Option<String>,
     /// The latest dead letter: when, its reason, where the original is and what went wrong.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_dead_letter: Option<String>,

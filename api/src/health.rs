@@ -78,6 +78,15 @@ pub struct ProcessorHealth {
     /// repeat of such an id on another partition is output again).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub miskeyed_records: u64,
+    /// Changelog records a restore or a standby skipped since the processor started because
+    /// they are not records the processor writes (no key, a value that is not a time): someone
+    /// else wrote to the changelog. A key without a value (a tombstone) is not skipped: it
+    /// makes the store forget the id.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_changelog_records: u64,
+    /// The last one skipped: `partition/offset: why`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_skipped_changelog_record: Option<String>,
     /// One entry per task (input partition) this process owns.
     #[serde(default)]
     pub tasks: Vec<TaskHealth>,
