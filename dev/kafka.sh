@@ -79,6 +79,9 @@ num.partitions=1
 group.consumer.min.session.timeout.ms=1000
 group.classic.min.session.timeout.ms=1000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=5000
+# The log cleaner looks for compactable logs every second instead of every 15 (a test
+# compacts a changelog and rebuilds a store from it).
+log.cleaner.backoff.ms=1000
 PROPS
   cat >"$dir/log4j2.properties" <<PROPS
 rootLogger.level=INFO

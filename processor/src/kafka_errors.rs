@@ -35,6 +35,39 @@ pub fn classify_produce(code: RDKafkaErrorCode) -> ProduceFailure {
     }
 }
 
+/// Whether an error of a changelog reader (a restore, a standby follower) is Kafka being away
+/// for a while — a broker restarting, every broker down for a moment, a leader moving, a
+/// request timing out — which librdkafka recovers from by itself and the reader waits out.
+/// Anything else (the topic gone, no permission, a bad configuration) stops the reader.
+pub fn reader_error_is_transient(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode::*;
+    let Some(code) = e.rdkafka_error_code() else {
+        return false;
+    };
+    matches!(
+        code,
+        BrokerTransportFailure
+            | AllBrokersDown
+            | OperationTimedOut
+            | TimedOutQueue
+            | RequestTimedOut
+            | Resolve
+            | NetworkException
+            | LeaderNotAvailable
+            | NotLeaderForPartition
+            | FencedLeaderEpoch
+            | UnknownLeaderEpoch
+            | ReplicaNotAvailable
+            | BrokerNotAvailable
+            | NotCoordinator
+            | CoordinatorNotAvailable
+            | CoordinatorLoadInProgress
+            | KafkaStorageError
+            | Interrupted
+            | WaitCache
+    )
+}
+
 /// What a failed transactional call (begin, send offsets, commit, abort, a produce that doomed
 /// the transaction) tells, as far as the decision needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,6 +137,28 @@ pub fn classify_txn(
     }
 }
 
+/// What a `commit_transaction` that failed means. One still failing with a retriable error
+/// (a timeout) when the engine stops retrying has an outcome only the coordinator knows: it
+/// may commit after all. Aborting and processing the records again would then output them
+/// twice, so the engine starts again instead: a new producer's `init_transactions` waits for
+/// the coordinator to finish (or abort) the transaction, the stores catch up from the
+/// changelog and the consumer starts from what the group committed.
+pub fn classify_commit(
+    facts: &TxnErrorFacts,
+    retriable: bool,
+    txn_age: Duration,
+    txn_timeout: Duration,
+) -> TxnFailure {
+    if retriable {
+        TxnFailure::Fatal(format!(
+            "the commit's outcome is unknown ({}): starting again so the coordinator decides it",
+            facts.message
+        ))
+    } else {
+        classify_txn(facts, Some(txn_age), txn_timeout)
+    }
+}
+
 /// Whether calling the same transactional function again is the answer (a timeout: the
 /// operation goes on in the background; rust-rdkafka's flush before a commit timing out).
 pub fn is_retriable(e: &KafkaError) -> bool {
@@ -157,6 +212,28 @@ mod tests {
     }
 
     #[test]
+    fn a_commit_still_timing_out_at_the_deadline_restarts_the_engine_instead_of_aborting() {
+        let young = Duration::from_secs(1);
+        assert!(matches!(
+            classify_commit(&facts(OperationTimedOut, false), true, young, TIMEOUT),
+            TxnFailure::Fatal(m) if m.contains("outcome is unknown")
+        ));
+        assert!(matches!(
+            classify_commit(
+                &facts(InvalidTransactionalState, false),
+                false,
+                young,
+                TIMEOUT
+            ),
+            TxnFailure::Abortable(_)
+        ));
+        assert!(matches!(
+            classify_commit(&facts(ProducerFenced, true), false, young, TIMEOUT),
+            TxnFailure::Fenced(_)
+        ));
+    }
+
+    #[test]
     fn other_fatal_errors_restart_the_engine_and_the_rest_abort() {
         assert!(matches!(
             classify_txn(&facts(InvalidTransactionalState, true), None, TIMEOUT),
@@ -166,6 +243,38 @@ mod tests {
             classify_txn(&facts(MessageSizeTooLarge, false), None, TIMEOUT),
             TxnFailure::Abortable(_)
         ));
+    }
+
+    #[test]
+    fn a_changelog_reader_waits_out_kafka_being_away_and_stops_for_the_rest() {
+        for transient in [
+            BrokerTransportFailure,
+            AllBrokersDown,
+            NotLeaderForPartition,
+            LeaderNotAvailable,
+            RequestTimedOut,
+        ] {
+            assert!(
+                reader_error_is_transient(&KafkaError::MessageConsumption(transient)),
+                "{transient:?}"
+            );
+            assert!(
+                reader_error_is_transient(&KafkaError::MetadataFetch(transient)),
+                "{transient:?}"
+            );
+        }
+        for fatal in [
+            TopicAuthorizationFailed,
+            UnknownTopicOrPartition,
+            OffsetOutOfRange,
+            InvalidConfig,
+        ] {
+            assert!(
+                !reader_error_is_transient(&KafkaError::MessageConsumption(fatal)),
+                "{fatal:?}"
+            );
+        }
+        assert!(!reader_error_is_transient(&KafkaError::Canceled));
     }
 
     #[test]

@@ -25,4 +25,5 @@ pub mod state_updater;
 pub mod store;
 pub mod topics;
 pub mod topology;
+pub mod txn_coordinator;
 pub mod workers;

@@ -36,7 +36,8 @@
 //!   only fill it.
 //! - **Old quarantines may be pruned only once a healthy store exists** (the task became active).
 //! - **A standby's store is written by its follower only** (the state updater applies
-//!   committed changelog records with their offset in the same batch, DESIGN.md's invariant 5).
+//!   committed changelog records with their offset in the same batch: invariant 6 of
+//!   docs/design.md).
 //!   A rebalance does not revoke it: it follows until an assignment makes it active (the
 //!   ordinary tail replay, then processing) or leaves it out (closed with a checkpoint).
 //!   A warm-up is a standby that is a move in progress; it only reports differently.

@@ -21,9 +21,10 @@ use streamapp_processor::state_dir::StateDir;
 use streamapp_processor::store::SharedMemory;
 use streamapp_processor::topics::{self, WrittenTopic};
 use streamapp_processor::{
-    changelog, checkpoint, faults::Faults, http, inspect, metrics::Metrics, repartition, workers,
+    changelog, checkpoint, faults::Faults, http, inspect, metrics::Metrics, quarantine,
+    repartition, workers,
 };
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// Exit codes: what a supervisor (and a test) can tell apart.
 const EXIT_FAILED: u8 = 1;
@@ -229,6 +230,19 @@ fn run(args: RunArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_FAILED);
     }
+    // A crash in the middle of moving a damaged store aside is finished before any store is
+    // opened (a store created beside the damaged one's WAL would be refused as damaged).
+    match quarantine::finish_interrupted(&state) {
+        Ok(finished) => {
+            for path in finished {
+                warn!(path = %path.display(), "finished moving a store into quarantine that a crash interrupted");
+            }
+        }
+        Err(e) => {
+            eprintln!("streamapp-processor: finishing an interrupted quarantine: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    }
     let mut health = ProcessorHealth::new(&args.pod_name, &config.application_id, now_ms());
     health.previous_shutdown_clean = previous_shutdown_clean(&state);
     info!(
@@ -357,6 +371,14 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail_start(&e, exit_code(e.is_refusal())),
     }
     shared.beat_all();
+    let changelog_topic_id = match changelog::topic_id(&client, &changelog_topic) {
+        Ok(id) => id,
+        Err(e) => {
+            warn!(topic = %changelog_topic, error = %e,
+                "cannot read the changelog's topic id: a changelog recreated since a store was written is detected only when the store is ahead of it");
+            None
+        }
+    };
     let engine_config = EngineConfig {
         application_id: config.application_id.clone(),
         pod: args.pod_name.clone(),
@@ -365,6 +387,7 @@ fn run(args: RunArgs) -> ExitCode {
         output_topic: config.topology.output_topic.clone(),
         duplicates_topic: config.topology.duplicates_topic.clone(),
         dead_letter_topic: config.topology.dead_letter_topic.clone(),
+        changelog_topic_id,
         changelog_topic,
         check_keying: config.topology.repartition == Repartition::Never
             && config.topology.dedup_id.source != DedupIdSource::Key,

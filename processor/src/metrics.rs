@@ -62,6 +62,7 @@ pub struct Metrics {
     pub transaction_timeouts: Counter,
     pub records_repartitioned: Counter,
     pub miskeyed_records: Counter,
+    pub changelog_records_skipped: Counter,
     pub stage_lag: Family<StageLabel, Gauge>,
     /// Per standby or warm-up copy: changelog records it has not applied yet.
     pub standby_lag: Family<PartitionLabel, Gauge>,
@@ -100,6 +101,7 @@ impl Metrics {
             transaction_timeouts: Counter::default(),
             records_repartitioned: Counter::default(),
             miskeyed_records: Counter::default(),
+            changelog_records_skipped: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("streamapp_processor");
         r.register(
@@ -221,6 +223,11 @@ impl Metrics {
             "miskeyed_records",
             "With topology.repartition Never: records whose key is not their dedup id (committed); a repeat of such an id on another partition is not caught",
             m.miskeyed_records.clone(),
+        );
+        r.register(
+            "changelog_records_skipped",
+            "Changelog records a restore or standby skipped: not written by the processor (no key, or a value that is not a time)",
+            m.changelog_records_skipped.clone(),
         );
         r.register(
             "stage_lag",

@@ -20,7 +20,7 @@
 //! the changelog), the partitioner, the header layout and the purger.
 
 use std::collections::BTreeMap;
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use rdkafka::TopicPartitionList;
@@ -215,8 +215,26 @@ pub async fn ensure(
 
 /// Deletes what the dedup stage has committed from the repartition topic, on a thread of its
 /// own: the processing loop hands it the committed offsets and never waits for the broker.
+///
+/// A partition counts as purged up to an offset only once the broker said so: a purge that
+/// failed (a broker away) is asked for again at the next interval, even when the partition
+/// has been idle since.
 pub struct Purger {
     tx: mpsc::Sender<BTreeMap<i32, i64>>,
+    /// Offsets the broker confirmed, by partition (written by the purge thread).
+    purged: Arc<Mutex<BTreeMap<i32, i64>>>,
+}
+
+/// The committed offsets still to purge: those the broker has not confirmed yet.
+pub fn still_to_purge(
+    committed: &BTreeMap<i32, i64>,
+    purged: &BTreeMap<i32, i64>,
+) -> BTreeMap<i32, i64> {
+    committed
+        .iter()
+        .filter(|(p, o)| purged.get(p).is_none_or(|done| done < o))
+        .map(|(&p, &o)| (p, o))
+        .collect()
 }
 
 impl Purger {
@@ -224,6 +242,8 @@ impl Purger {
         let admin: AdminClient<DefaultClientContext> = client.create()?;
         let (tx, rx) = mpsc::channel::<BTreeMap<i32, i64>>();
         let topic = topic.to_string();
+        let purged = Arc::new(Mutex::new(BTreeMap::new()));
+        let confirmed = purged.clone();
         std::thread::Builder::new()
             .name("repartition-purge".into())
             .spawn(move || {
@@ -245,9 +265,17 @@ impl Purger {
                     }
                     match runtime.block_on(admin.delete_records(&tpl, &options)) {
                         Ok(result) => {
+                            let mut confirmed = confirmed.lock().expect("purged offsets");
                             for e in result.elements() {
-                                if let Err(err) = e.error() {
-                                    warn!(topic = %topic, partition = e.partition(), error = %err, "purging the repartition topic failed");
+                                match e.error() {
+                                    Err(err) => {
+                                        warn!(topic = %topic, partition = e.partition(), error = %err, "purging the repartition topic failed; it is asked for again at the next interval");
+                                    }
+                                    Ok(()) => {
+                                        if let Some(&o) = offsets.get(&e.partition()) {
+                                            confirmed.insert(e.partition(), o);
+                                        }
+                                    }
                                 }
                             }
                             debug!(topic = %topic, ?offsets, "purged the repartition topic");
@@ -259,11 +287,13 @@ impl Purger {
                 }
             })
             .expect("purge thread");
-        Ok(Purger { tx })
+        Ok(Purger { tx, purged })
     }
 
-    /// Asks for every record before `offsets` (partition → committed offset) to be deleted.
-    pub fn purge(&self, offsets: BTreeMap<i32, i64>) {
+    /// Asks for every record before `committed` (partition → committed offset) to be deleted,
+    /// where the broker has not confirmed that yet.
+    pub fn purge(&self, committed: &BTreeMap<i32, i64>) {
+        let offsets = still_to_purge(committed, &self.purged.lock().expect("purged offsets"));
         if !offsets.is_empty() {
             let _ = self.tx.send(offsets);
         }
@@ -291,6 +321,24 @@ mod tests {
             assert_eq!(murmur2(id.as_bytes()) as i32, hash, "murmur2({id:?})");
             assert_eq!(partition_for(id.as_bytes(), 8), partition, "{id:?}");
         }
+    }
+
+    #[test]
+    fn a_purge_the_broker_did_not_confirm_is_asked_for_again_while_the_partition_is_idle() {
+        let committed = BTreeMap::from([(0, 100), (1, 50)]);
+        assert_eq!(
+            still_to_purge(&committed, &BTreeMap::new()),
+            committed,
+            "nothing confirmed yet"
+        );
+        // Partition 0's purge went through; partition 1's failed (a broker away) and the
+        // partition got no record since: it is still asked for.
+        let confirmed = BTreeMap::from([(0, 100)]);
+        assert_eq!(
+            still_to_purge(&committed, &confirmed),
+            BTreeMap::from([(1, 50)])
+        );
+        assert!(still_to_purge(&committed, &BTreeMap::from([(0, 100), (1, 50)])).is_empty());
     }
 
     #[test]

@@ -32,6 +32,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{error, info, warn};
 
+use crate::kafka_errors::reader_error_is_transient;
 use crate::store::{Staged, StoreError, TaskStore};
 
 /// Records applied to RocksDB per batch while restoring.
@@ -44,13 +45,6 @@ pub enum RestoreError {
         topic: String,
         partition: i32,
         source: KafkaError,
-    },
-    #[error("changelog {topic} partition {partition} offset {offset}: {what}")]
-    BadRecord {
-        topic: String,
-        partition: i32,
-        offset: i64,
-        what: String,
     },
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -66,6 +60,13 @@ pub enum RestoreError {
     },
 }
 
+impl RestoreError {
+    /// Kafka was away (a broker restarting, a leader moving): the reader waits it out.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, RestoreError::Kafka { source, .. } if reader_error_is_transient(source))
+    }
+}
+
 #[derive(Debug, PartialEq, Eq)]
 pub enum Step {
     /// More to read.
@@ -77,6 +78,8 @@ pub enum Step {
     Done,
     /// A follower at the visible end: it goes on reading what gets committed.
     Following,
+    /// Kafka did not answer (a broker restarting): the partition is read again shortly.
+    WaitingForKafka,
 }
 
 /// The reader's client context: reaching the end of a partition is how restore finishes, not
@@ -102,6 +105,10 @@ impl ConsumerContext for ReaderContext {}
 const WAIT_RECHECK: Duration = Duration::from_millis(200);
 /// How long one step reads at most (the state updater serves requests between steps).
 const STEP_TIME: Duration = Duration::from_millis(100);
+/// How often a partition is tried again while Kafka does not answer.
+const KAFKA_RECHECK: Duration = Duration::from_secs(1);
+/// At most one warning this often about Kafka being away.
+const KAFKA_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Where the restore of one partition stands.
 #[derive(Debug, Default)]
@@ -111,6 +118,9 @@ struct Partition {
     waiting_since: Option<Instant>,
     recheck_at: Option<Instant>,
     warned_at: Option<Instant>,
+    /// Kafka did not answer when the restore began: the store's offset is not checked against
+    /// the changelog yet, and the partition is not read until it is (at `recheck_at`).
+    unchecked: bool,
 }
 
 /// Looks up the real end (high watermark, read_uncommitted) of changelog partitions.
@@ -157,6 +167,10 @@ pub struct Restorer {
     reader: BaseConsumer<ReaderContext>,
     ends: ChangelogEnds,
     partitions: BTreeMap<i32, Partition>,
+    /// Undecodable records skipped, by partition, until [`Restorer::take_skipped`].
+    skipped: BTreeMap<i32, Skipped>,
+    /// When the reader last warned that Kafka is away.
+    kafka_warned_at: Option<Instant>,
 }
 
 /// What one step did for one partition.
@@ -180,7 +194,15 @@ impl Restorer {
             .set("isolation.level", "read_committed")
             .set("enable.partition.eof", "true")
             .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
+            // A restore starts at the store's offset, checked against the log's start and end
+            // first. A follower's position can only fall out of the log when the changelog was
+            // recreated under it (or it fell a whole retention behind): it must not start over
+            // silently in a log it never saw, so that is an error, which restarts the engine
+            // and with it the checks of `begin` and the store's changelog identity.
+            .set(
+                "auto.offset.reset",
+                if follow { "error" } else { "earliest" },
+            )
             // A catch-up reader: at the end of the partition the broker answers at once
             // instead of holding the fetch for new records (500 ms by default), which would
             // add up to a second per partition to every restart. A follower is at the end
@@ -194,7 +216,41 @@ impl Restorer {
             reader: reader_cfg.create_with_context(ReaderContext)?,
             ends: ChangelogEnds::new(base, topic)?,
             partitions: BTreeMap::new(),
+            skipped: BTreeMap::new(),
+            kafka_warned_at: None,
         })
+    }
+
+    /// Kafka is away: says so at most every [`KAFKA_WARN_EVERY`].
+    fn kafka_away(&mut self, partition: Option<i32>, error: &dyn std::fmt::Display) {
+        let now = Instant::now();
+        if self
+            .kafka_warned_at
+            .is_none_or(|t| now - t >= KAFKA_WARN_EVERY)
+        {
+            self.kafka_warned_at = Some(now);
+            warn!(topic = %self.topic, ?partition, %error,
+                "Kafka does not answer the changelog reader; waiting for it (librdkafka reconnects by itself)");
+        }
+    }
+
+    fn skip(&mut self, partition: i32, offset: i64, reason: &'static str) {
+        warn!(
+            topic = %self.topic,
+            partition,
+            offset,
+            reason,
+            "skipping a changelog record this processor cannot read (it did not write it)"
+        );
+        let s = self.skipped.entry(partition).or_default();
+        s.records += 1;
+        s.last_offset = offset;
+        s.last_reason = reason;
+    }
+
+    /// The records skipped since the last call, by partition.
+    pub fn take_skipped(&mut self) -> BTreeMap<i32, Skipped> {
+        std::mem::take(&mut self.skipped)
     }
 
     fn kafka_err(&self, partition: i32) -> impl Fn(KafkaError) -> RestoreError + '_ {
@@ -215,8 +271,35 @@ impl Restorer {
 
     /// Adds the partition to the reader at the store's offset. Returns the number of records
     /// to restore (an upper bound: compaction and transaction markers make it smaller).
+    ///
+    /// When Kafka does not answer, the partition waits (see [`Partition::unchecked`]) and the
+    /// number is 0: the reader checks and starts it once Kafka answers.
     pub fn begin(&mut self, partition: i32, store: &TaskStore) -> Result<u64, RestoreError> {
         self.stop(partition);
+        match self.start_reading(partition, store) {
+            Ok(to_restore) => {
+                self.partitions.insert(partition, Partition::default());
+                Ok(to_restore)
+            }
+            Err(e) if e.is_transient() => {
+                self.kafka_away(Some(partition), &e);
+                self.partitions.insert(
+                    partition,
+                    Partition {
+                        recheck_at: Some(Instant::now() + KAFKA_RECHECK),
+                        unchecked: true,
+                        ..Partition::default()
+                    },
+                );
+                Ok(0)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Checks the store's offset against the changelog partition and adds the partition to
+    /// the reader there; the number of records to restore.
+    fn start_reading(&self, partition: i32, store: &TaskStore) -> Result<u64, RestoreError> {
         let from = store.meta().changelog_offset;
         let (low, high) = self.ends.watermarks(partition)?;
         if let Some(offset) = from.filter(|o| *o > high) {
@@ -237,8 +320,8 @@ impl Restorer {
                 "the changelog's start moved past the store's offset; restoring from its start"
             );
         }
-        self.read_from(partition, from)?;
-        self.partitions.insert(partition, Partition::default());
+        // From the log's start when retention moved past the store's offset.
+        self.read_from(partition, from.map(|o| o.max(low)))?;
         Ok((high - from.unwrap_or(low).max(low)).max(0) as u64)
     }
 
@@ -288,12 +371,14 @@ impl Restorer {
         stores: &mut BTreeMap<i32, &mut TaskStore>,
         budget: usize,
     ) -> Result<Vec<(i32, PartitionStep)>, RestoreError> {
-        self.recheck_waiting(stores)?;
+        let mut failed: BTreeMap<i32, RestoreError> = self.recheck_waiting(stores)?;
         let mut staged: BTreeMap<i32, Staged> = BTreeMap::new();
         let mut applied: BTreeMap<i32, u64> = BTreeMap::new();
-        let mut failed: BTreeMap<i32, RestoreError> = BTreeMap::new();
+        let mut kafka_away: Option<KafkaError> = None;
         let mut at_end: BTreeSet<i32> = BTreeSet::new();
         let mut read = 0usize;
+        // Undecodable records (partition, offset, what): counted once the reader is done.
+        let mut skips: Vec<(i32, i64, &'static str)> = Vec::new();
         let deadline = Instant::now() + STEP_TIME;
         let reading = |p: &i32, at_end: &BTreeSet<i32>, failed: &BTreeMap<i32, RestoreError>| {
             !at_end.contains(p)
@@ -327,18 +412,14 @@ impl Restorer {
                     }
                     read += 1;
                     let chunk = staged.entry(p).or_default();
-                    match parse(&self.topic, &m) {
-                        Ok((id, time)) => {
-                            chunk.put(id, time);
-                            chunk.changelog_offset = Some(m.offset() + 1);
-                        }
-                        Err(e) => {
-                            failed.insert(p, e);
-                            continue;
-                        }
+                    match ChangelogRecord::of(m.key(), m.payload()) {
+                        ChangelogRecord::Sighting { id, time } => chunk.put(id, time),
+                        ChangelogRecord::Tombstone { id } => chunk.forget(id),
+                        ChangelogRecord::Undecodable(what) => skips.push((p, m.offset(), what)),
                     }
-                    if chunk.puts.len() >= APPLY_CHUNK {
-                        let n = chunk.puts.len() as u64;
+                    chunk.changelog_offset = Some(m.offset() + 1);
+                    if chunk.changes() >= APPLY_CHUNK {
+                        let n = chunk.changes() as u64;
                         match store.apply(chunk) {
                             Ok(()) => *applied.entry(p).or_default() += n,
                             Err(e) => {
@@ -351,9 +432,20 @@ impl Restorer {
                 Some(Err(KafkaError::PartitionEOF(p))) => {
                     at_end.insert(p);
                 }
+                // Kafka away for a while: librdkafka reconnects and fetches again by itself.
+                Some(Err(e)) if reader_error_is_transient(&e) => {
+                    kafka_away = Some(e);
+                    break;
+                }
                 // Not about one partition: the reader itself failed (-1 names none).
                 Some(Err(e)) => return Err(self.kafka_err(-1)(e)),
             }
+        }
+        if let Some(e) = kafka_away {
+            self.kafka_away(None, &e);
+        }
+        for (p, offset, what) in skips {
+            self.skip(p, offset, what);
         }
         let mut results = Vec::new();
         for (&p, store) in stores.iter_mut() {
@@ -367,22 +459,20 @@ impl Restorer {
                     .finish_at_end(p, store, chunk)
                     .map(|(n, step)| (applied.get(&p).copied().unwrap_or(0) + n, step)),
                 None => {
-                    let n = chunk.puts.len() as u64;
-                    let waiting = self.partitions[&p].recheck_at.is_some();
+                    let n = chunk.changes() as u64;
+                    let state = &self.partitions[&p];
+                    let step = match (state.recheck_at.is_some(), state.unchecked) {
+                        (_, true) => Step::WaitingForKafka,
+                        (true, false) => Step::WaitingForOpenTransaction,
+                        (false, false) => Step::InProgress,
+                    };
                     let applied_before = applied.get(&p).copied().unwrap_or(0);
                     let outcome = if chunk.is_empty() {
                         Ok(())
                     } else {
                         store.apply(&chunk).map_err(RestoreError::from)
                     };
-                    outcome.map(|()| {
-                        let step = if waiting {
-                            Step::WaitingForOpenTransaction
-                        } else {
-                            Step::InProgress
-                        };
-                        (applied_before + n, step)
-                    })
+                    outcome.map(|()| (applied_before + n, step))
                 }
             };
             if matches!(result, Ok((_, Step::Done)) | Err(_)) {
@@ -396,10 +486,13 @@ impl Restorer {
     /// Puts partitions whose wait for an open transaction is due for a look back into the
     /// reader, from their store's offset: the transaction's records become visible once it
     /// ends.
+    ///
+    /// A partition whose restore began while Kafka did not answer is checked first; one that
+    /// fails that check for good is returned with why.
     fn recheck_waiting(
         &mut self,
         stores: &BTreeMap<i32, &mut TaskStore>,
-    ) -> Result<(), RestoreError> {
+    ) -> Result<BTreeMap<i32, RestoreError>, RestoreError> {
         let now = Instant::now();
         let due: Vec<i32> = self
             .partitions
@@ -407,14 +500,33 @@ impl Restorer {
             .filter(|(_, s)| s.recheck_at.is_some_and(|t| now >= t))
             .map(|(&p, _)| p)
             .collect();
+        let mut failed = BTreeMap::new();
         for p in due {
             let Some(store) = stores.get(&p) else {
                 continue;
             };
-            self.read_from(p, store.meta().changelog_offset)?;
-            self.partitions.get_mut(&p).expect("restoring").recheck_at = None;
+            let outcome = if self.partitions[&p].unchecked {
+                self.start_reading(p, store).map(|_| ())
+            } else {
+                self.read_from(p, store.meta().changelog_offset)
+            };
+            let state = self.partitions.get_mut(&p).expect("restoring");
+            match outcome {
+                Ok(()) => {
+                    state.recheck_at = None;
+                    state.unchecked = false;
+                }
+                Err(e) if e.is_transient() => {
+                    state.recheck_at = Some(now + KAFKA_RECHECK);
+                    self.kafka_away(Some(p), &e);
+                }
+                Err(e) if state.unchecked => {
+                    failed.insert(p, e);
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Ok(())
+        Ok(failed)
     }
 
     /// The reader reached the visible end of `partition`: applies what is left and decides
@@ -427,7 +539,7 @@ impl Restorer {
     ) -> Result<(u64, Step), RestoreError> {
         // The reader's position is past the last record and any transaction markers.
         let position = self.position(partition)?;
-        let applied = staged.puts.len() as u64;
+        let applied = staged.changes() as u64;
         if let Some(p) = position {
             staged.changelog_offset = Some(p.max(staged.changelog_offset.unwrap_or(0)));
         }
@@ -437,7 +549,17 @@ impl Restorer {
         if self.follow {
             return Ok((applied, Step::Following));
         }
-        let end = self.ends.end_offset(partition)?;
+        let end = match self.ends.end_offset(partition) {
+            Ok(end) => end,
+            Err(e) if e.is_transient() => {
+                self.kafka_away(Some(partition), &e);
+                let state = self.partitions.get_mut(&partition).expect("restoring");
+                state.recheck_at = Some(Instant::now() + KAFKA_RECHECK);
+                self.unassign(partition);
+                return Ok((applied, Step::WaitingForKafka));
+            }
+            Err(e) => return Err(e),
+        };
         let caught_up = store.meta().changelog_offset.unwrap_or(0) >= end || end == 0;
         let state = self.partitions.get_mut(&partition).expect("restoring");
         if caught_up {
@@ -485,21 +607,78 @@ impl Restorer {
     }
 }
 
-/// A changelog record: the id (its key) and its first-seen time (8 bytes, big endian).
-fn parse<'m>(
-    topic: &str,
-    m: &'m rdkafka::message::BorrowedMessage<'_>,
-) -> Result<(&'m [u8], i64), RestoreError> {
-    let bad = |what: &str| RestoreError::BadRecord {
-        topic: topic.to_string(),
-        partition: m.partition(),
-        offset: m.offset(),
-        what: what.into(),
-    };
-    let id = m.key().ok_or_else(|| bad("record without a key"))?;
-    let value: [u8; 8] = m
-        .payload()
-        .and_then(|p| p.try_into().ok())
-        .ok_or_else(|| bad("value is not an 8-byte time"))?;
-    Ok((id, i64::from_be_bytes(value)))
+/// What one changelog record says about the store.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ChangelogRecord<'m> {
+    /// The id (the key) was seen at `time` (the value: 8 bytes, big endian), as the processor
+    /// writes it.
+    Sighting { id: &'m [u8], time: i64 },
+    /// A key without a value: forget the id. The processor never writes one; an operator may,
+    /// by hand, to make a store rebuilt from the changelog (a restore, a standby) forget an id.
+    Tombstone { id: &'m [u8] },
+    /// Not a record this processor wrote or understands: skipped and counted, never a reason
+    /// to stop restoring (every pod restoring the partition would stop at it).
+    Undecodable(&'static str),
+}
+
+impl<'m> ChangelogRecord<'m> {
+    pub fn of(key: Option<&'m [u8]>, value: Option<&'m [u8]>) -> Self {
+        let Some(id) = key.filter(|k| !k.is_empty()) else {
+            return ChangelogRecord::Undecodable("a record without a key");
+        };
+        match value {
+            None => ChangelogRecord::Tombstone { id },
+            Some(v) => match <[u8; 8]>::try_from(v) {
+                Ok(bytes) => ChangelogRecord::Sighting {
+                    id,
+                    time: i64::from_be_bytes(bytes),
+                },
+                Err(_) => ChangelogRecord::Undecodable("a value that is not an 8-byte time"),
+            },
+        }
+    }
+}
+
+/// Changelog records a reader skipped on one partition since it was last asked.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Skipped {
+    pub records: u64,
+    /// The last one: its offset and what was wrong with it.
+    pub last_offset: i64,
+    pub last_reason: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sightings_tombstones_and_what_cannot_be_read() {
+        let time = 1_750_000_000_123_i64.to_be_bytes();
+        assert_eq!(
+            ChangelogRecord::of(Some(b"x"), Some(&time)),
+            ChangelogRecord::Sighting {
+                id: b"x",
+                time: 1_750_000_000_123
+            }
+        );
+        assert_eq!(
+            ChangelogRecord::of(Some(b"x"), None),
+            ChangelogRecord::Tombstone { id: b"x" }
+        );
+        for (key, value) in [
+            (None, Some(time.as_slice())),
+            (Some(b"".as_slice()), Some(time.as_slice())),
+            (Some(b"x".as_slice()), Some(b"".as_slice())),
+            (Some(b"x".as_slice()), Some(b"1750000000123".as_slice())),
+        ] {
+            assert!(
+                matches!(
+                    ChangelogRecord::of(key, value),
+                    ChangelogRecord::Undecodable(_)
+                ),
+                "{key:?} {value:?}"
+            );
+        }
+    }
 }

@@ -10,7 +10,7 @@
 //!
 //! It also keeps **standby** stores warm ([`StateUpdater::follow`]): a restore that never ends,
 //! through a reader of its own ([`Restorer::follower`]), applying only committed changelog
-//! records and the changelog position in the same batch (DESIGN.md's invariant 5). Nothing
+//! records and the changelog position in the same batch (invariant 6 of docs/design.md). Nothing
 //! else writes a followed store. Promoting a standby is taking it back and restoring it: the
 //! ordinary replay of whatever tail it has not applied yet.
 
@@ -21,7 +21,7 @@ use std::time::Duration;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 
-use crate::restore::{RestoreError, Restorer, Step};
+use crate::restore::{RestoreError, Restorer, Skipped, Step};
 use crate::store::TaskStore;
 
 /// Changelog records restored per step, over all partitions, before requests are served again.
@@ -72,6 +72,9 @@ pub enum Update {
         store: TaskStore,
         error: RestoreError,
     },
+    /// Changelog records of the partition the reader skipped (see
+    /// [`crate::restore::ChangelogRecord::Undecodable`]).
+    Skipped { partition: i32, skipped: Skipped },
     /// The reader itself failed (every restore stopped; their stores come back).
     ReaderFailed {
         error: RestoreError,
@@ -351,6 +354,9 @@ impl Worker {
                 reader.stores.iter_mut().map(|(&p, s)| (p, s)).collect();
             reader.restorer.step(&mut stores, STEP_RECORDS)
         };
+        for (partition, skipped) in reader.restorer.take_skipped() {
+            send(Update::Skipped { partition, skipped });
+        }
         let results = match results {
             Ok(r) => r,
             Err(error) => {

@@ -130,6 +130,15 @@ pub fn is_duplicate(first_seen: Option<i64>, time: i64, retention_ms: i64) -> bo
     first_seen.is_some_and(|first| (time - first).abs() < retention_ms)
 }
 
+/// The sighting a store keeps for an id that was not a duplicate: the later of the one it
+/// holds and the record's. A record older than the held sighting by more than the retention
+/// is output (it is not a duplicate by the window's rule) but leaves the store as it is.
+/// The changelog record written for it carries this time too, so the last changelog record of
+/// an id (all compaction keeps) always says what the store holds.
+pub fn kept_sighting(first_seen: Option<i64>, time: i64) -> i64 {
+    first_seen.map_or(time, |f| f.max(time))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,6 +248,18 @@ mod tests {
         let e = check_time(now + century, now, skew).unwrap_err();
         assert_eq!(e.code(), "timestamp-too-far-ahead");
         assert!(e.detail().contains("maxSkew"), "{}", e.detail());
+    }
+
+    #[test]
+    fn a_late_first_occurrence_leaves_the_later_sighting_in_place() {
+        let hour = 3_600_000;
+        assert_eq!(kept_sighting(None, 10), 10);
+        assert_eq!(kept_sighting(Some(10 * hour), 12 * hour), 12 * hour);
+        assert_eq!(
+            kept_sighting(Some(10 * hour), 8 * hour),
+            10 * hour,
+            "two hours late: output again, but the store and its changelog keep the later one"
+        );
     }
 
     #[test]

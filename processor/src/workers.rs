@@ -117,7 +117,7 @@ impl Drop for StopOthersOnPanic<'_> {
 
 /// Runs one thread's engine; a fatal Kafka error (an unusable producer) restarts it, a few
 /// times, before giving up. Ok: drained, in that many milliseconds.
-fn supervise(cfg: EngineConfig, process: &Process, faults: Faults) -> Result<u64, EngineError> {
+fn supervise(mut cfg: EngineConfig, process: &Process, faults: Faults) -> Result<u64, EngineError> {
     let mut restarts: Vec<Instant> = Vec::new();
     let mut faults = Some(faults);
     loop {
@@ -136,6 +136,11 @@ fn supervise(cfg: EngineConfig, process: &Process, faults: Faults) -> Result<u64
         warn!(error = %e, "engine failed; restarting it: staged writes are dropped and stores catch up from the changelog");
         std::thread::sleep(Duration::from_secs(1));
         process.shared.beat(cfg.thread);
+        // The changelog may have been recreated meanwhile (a follower's position out of the
+        // log says so): the stores are checked against the topic as it is now.
+        if let Ok(id) = crate::changelog::topic_id(&cfg.client, &cfg.changelog_topic) {
+            cfg.changelog_topic_id = id;
+        }
     }
 }
 

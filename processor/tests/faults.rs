@@ -16,14 +16,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failure_after_the_store_put_aborts_and_retries_without_a_false_duplicate() {
     let _serial = serial().await;
-    let app = App::create(
-        "retry",
-        AppOptions {
-            partitions: 1,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("retry", 1).await;
     let t0 = now_ms();
     let mut p = app.start_with("pod-0", &[("STREAMAPP_FAULTS", "fail-after-put=2")]);
     p.wait_ready(MINUTE);
@@ -53,14 +46,7 @@ async fn an_aborted_write_never_causes_a_false_duplicate_when_the_task_migrates_
     // The incident: instance A puts the id and fails, the task moves to B which fails too,
     // then moves back to A with its old state dir, which must not hold the aborted put.
     let _serial = serial().await;
-    let app = App::create(
-        "migrate",
-        AppOptions {
-            partitions: 1,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("migrate", 1).await;
     let t0 = now_ms();
     let mut a = app.start("pod-a");
     a.wait_ready(MINUTE);
@@ -139,14 +125,7 @@ async fn an_aborted_put_is_not_a_duplicate_after_revoke_and_reassign_of_the_susp
     // while the transaction aborts the group revokes the partition (its store is suspended,
     // kept open) and assigns it back. The same store, resumed, must not hold the aborted put.
     let _serial = serial().await;
-    let app = App::create(
-        "resume",
-        AppOptions {
-            partitions: 2,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("resume", 2).await;
     let t0 = now_ms();
     let mut a = app.start_with("pod-a", &[("STREAMAPP_FAULTS", "fail-after-put=1")]);
     a.wait_ready(MINUTE);
@@ -203,14 +182,7 @@ async fn an_aborted_put_is_not_a_duplicate_after_revoke_and_reassign_of_the_susp
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_while_a_store_is_suspended_is_reported_as_an_unclean_shutdown() {
     let _serial = serial().await;
-    let app = App::create(
-        "suspended",
-        AppOptions {
-            partitions: 2,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("suspended", 2).await;
     let t0 = now_ms();
     let mut a = app.start_with("pod-a", &[("STREAMAPP_FAULTS", "crash-after-revoke=1")]);
     a.wait_ready(MINUTE);
@@ -348,14 +320,7 @@ async fn after_kill_9_the_store_serves_at_once_while_its_checksum_scan_runs_in_t
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_between_the_kafka_commit_and_the_store_apply_replays_the_tail_and_loses_nothing() {
     let _serial = serial().await;
-    let app = App::create(
-        "applycrash",
-        AppOptions {
-            partitions: 1,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("applycrash", 1).await;
     let t0 = now_ms();
     let mut p = app.start_with("pod-0", &[("STREAMAPP_FAULTS", "crash-after-commit=1")]);
     p.wait_ready(MINUTE);
@@ -407,14 +372,7 @@ async fn a_crash_between_the_kafka_commit_and_the_store_apply_replays_the_tail_a
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_at_random_points_keeps_exactly_once_and_replays_only_the_changelog_tail() {
     let _serial = serial().await;
-    let app = App::create(
-        "kill9",
-        AppOptions {
-            partitions: 2,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("kill9", 2).await;
     let t0 = now_ms();
     let mut rng = rand::rng();
     let mut produced = 0;
@@ -501,14 +459,7 @@ async fn kill_9_at_random_points_keeps_exactly_once_and_replays_only_the_changel
 #[tokio::test(flavor = "multi_thread")]
 async fn tasks_move_between_processes_as_they_join_and_leave_and_exactly_once_holds() {
     let _serial = serial().await;
-    let app = App::create(
-        "group",
-        AppOptions {
-            partitions: 4,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("group", 4).await;
     let t0 = now_ms();
     let ids = |range: std::ops::Range<usize>| -> Vec<Input> {
         range
@@ -614,14 +565,7 @@ fn expected_open(mode: &str, damage: Damage) -> StoreOpen {
 #[tokio::test(flavor = "multi_thread")]
 async fn damaged_wal_and_sst_files_recover_or_rebuild_as_each_recovery_mode_promises() {
     let _serial = serial().await;
-    let mut app = App::create(
-        "corrupt",
-        AppOptions {
-            partitions: 1,
-            ..Default::default()
-        },
-    )
-    .await;
+    let mut app = App::with_partitions("corrupt", 1).await;
     let t0 = now_ms();
     // One store to damage: some data flushed to SST (a drain flushes), then more only in the
     // WAL (kill -9).

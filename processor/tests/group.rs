@@ -76,6 +76,11 @@ struct Pod {
 
 impl Pod {
     fn start(group: &str, name: &str, stores: BTreeMap<i32, i64>, active: BTreeSet<i32>) -> Pod {
+        Pod::start_with(config(group, name), stores, active)
+    }
+
+    fn start_with(cfg: GroupConfig, stores: BTreeMap<i32, i64>, active: BTreeSet<i32>) -> Pod {
+        let name = cfg.instance_id.clone();
         // The membership's log, for when a test fails (RUST_LOG picks more).
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
@@ -92,9 +97,9 @@ impl Pod {
             active,
             ..Default::default()
         };
-        let (membership, events) = Membership::start(config(group, name), state.clone());
+        let (membership, events) = Membership::start(cfg, state.clone());
         Pod {
-            name: name.to_string(),
+            name,
             membership: Some(membership),
             events,
             state,
@@ -499,4 +504,64 @@ fn with_a_plain_consumer_in_the_group_everyone_agrees_on_range() {
     };
     assert_eq!(active, (0..TASKS).collect::<BTreeSet<_>>());
     assert_eq!(routes, (0..ROUTES).collect::<BTreeSet<_>>());
+}
+
+/// A member whose engine takes longer than the session timeout to let go of its share (a slow
+/// record, a commit retried while a broker is away) is not expired meanwhile: its heartbeats
+/// go on from a thread of their own, as Kafka's consumer's do. Nobody fences it, and it stays
+/// in the group.
+#[test]
+fn a_member_slow_to_let_go_of_its_share_keeps_heartbeating_and_is_not_expired_or_fenced() {
+    let group = group_name("slowrevoke");
+    // Kafka's defaults in small: the rebalance timeout (max.poll.interval.ms) far longer than
+    // the session timeout.
+    let cfg = |pod: &str| GroupConfig {
+        session_timeout: Duration::from_secs(6),
+        rebalance_timeout: Duration::from_secs(30),
+        ..config(&group, pod)
+    };
+    let mut a = Pod::start_with(cfg("pod-a"), BTreeMap::new(), BTreeSet::new());
+    let mut b = Pod::start_with(cfg("pod-b"), BTreeMap::new(), BTreeSet::new());
+    settle(&mut [&mut a, &mut b], SETTLE);
+    let before = a.share().generation_id;
+
+    // A third member joins: pod-a is told to let go, and takes 10 s to (longer than its
+    // session timeout); the others let go at once.
+    let mut c = Pod::start_with(cfg("pod-c"), BTreeMap::new(), BTreeSet::new());
+    let deadline = Instant::now() + SETTLE;
+    let revoke = loop {
+        match a.events.recv_timeout(Duration::from_millis(50)) {
+            Ok(GroupEvent::Rebalancing(revoke)) => break revoke,
+            Ok(GroupEvent::Assigned(g)) => a.latest = Some(g),
+            Ok(GroupEvent::Failed(why)) => panic!("pod-a's membership failed: {why}"),
+            Err(_) => {
+                b.drain();
+                c.drain();
+                assert!(Instant::now() < deadline, "pod-a was never told to let go");
+            }
+        }
+    };
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_secs(10) {
+        b.drain();
+        c.drain();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    revoke.done();
+    settle(&mut [&mut a, &mut b, &mut c], SETTLE);
+
+    for pod in [&a, &b, &c] {
+        assert!(
+            pod.state.fenced.lock().unwrap().is_empty(),
+            "{} fenced {:?}: pod-a was expired while it let go",
+            pod.name,
+            pod.state.fenced.lock().unwrap()
+        );
+    }
+    assert!(a.share().generation_id > before);
+    assert!(
+        !a.share().share.active.is_empty(),
+        "pod-a is in the new generation with tasks"
+    );
+    assert_covered(&[&a, &b, &c]);
 }

@@ -123,14 +123,7 @@ async fn a_record_the_broker_refuses_as_too_large_is_dead_lettered_after_its_att
 #[tokio::test(flavor = "multi_thread")]
 async fn a_record_failing_every_attempt_is_dead_lettered_with_its_error_and_counted() {
     let _serial = serial().await;
-    let app = App::create(
-        "poison",
-        AppOptions {
-            partitions: 1,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("poison", 1).await;
     let t0 = now_ms();
     // The enrich stage fails every time on records that ask for it: poison pills.
     let mut p = app.start_with("pod-0", &[("STREAMAPP_FAULTS", "fail-after-put=100000")]);

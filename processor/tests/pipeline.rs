@@ -203,8 +203,7 @@ async fn an_id_seen_after_the_retention_is_processed_again_and_expired_ids_leave
         "only the repeats inside the window are duplicates"
     );
 
-    assert!(p.drain().status.success());
-    assert_eq!(p.wait_exit(MINUTE), Some(0));
+    p.drain_and_exit();
     let report = inspect(&p.state);
     // The store is bounded by the window: the 200 early ids expired once stream time moved an
     // hour on; only the 300 later ids remain.
@@ -294,14 +293,7 @@ async fn drain_writes_a_checkpoint_and_a_restart_restores_nothing_then_removes_i
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_process_with_the_same_pod_identity_fences_the_first() {
     let _serial = serial().await;
-    let app = App::create(
-        "fence",
-        AppOptions {
-            partitions: 1,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("fence", 1).await;
     let t0 = now_ms();
     let mut old = app.start("pod-0");
     old.wait_ready(MINUTE);
@@ -342,14 +334,7 @@ async fn a_second_process_with_the_same_pod_identity_fences_the_first() {
 #[tokio::test(flavor = "multi_thread")]
 async fn start_up_fails_with_a_clear_message_when_the_changelog_partitions_differ_from_the_input() {
     let _serial = serial().await;
-    let app = App::create(
-        "mismatch",
-        AppOptions {
-            partitions: 3,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("mismatch", 3).await;
     testbed::kafka::create_topic(&app.changelog(), 2).await;
     let mut p = app.start("pod-0");
     let code = p.wait_exit(MINUTE);

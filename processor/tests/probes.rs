@@ -51,14 +51,7 @@ async fn liveness_fails_when_the_processing_loop_is_stuck_and_not_while_it_idles
 #[tokio::test(flavor = "multi_thread")]
 async fn a_processor_that_owns_no_partition_is_ready_and_reports_the_input_partitions() {
     let _serial = serial().await;
-    let app = App::create(
-        "idle",
-        AppOptions {
-            partitions: 1,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("idle", 1).await;
     let mut a = app.start("pod-a");
     a.wait_ready(MINUTE);
     let mut b = app.start("pod-b");

@@ -335,3 +335,59 @@ async fn a_repartition_topic_with_the_wrong_partition_count_is_a_start_up_error_
         app.input
     ));
 }
+
+/// An input record that carries headers named like the route stage's own (a producer's, or a
+/// record copied from another application's repartition topic) cannot forge its original key
+/// or source: the route stage drops them, and only its own reach the dedup stage.
+#[tokio::test(flavor = "multi_thread")]
+async fn input_headers_named_like_the_route_stages_cannot_replace_the_key_or_the_source() {
+    let _serial = serial().await;
+    let app = App::create(
+        "rp-forged",
+        AppOptions {
+            partitions: 2,
+            dedup_id: serde_json::json!({ "source": "Header", "header": "cmd-id" }),
+            ..Default::default()
+        },
+    )
+    .await;
+    let t0 = now_ms();
+    let forged = |r: Input| {
+        r.header("streamapp.repartition.key", "forged-key")
+            .header("streamapp.repartition.source", "forged/0/0")
+            .partition(1)
+    };
+    let mut kept = forged(Input::cmd("a", t0).header("cmd-id", "a"));
+    kept.key = Some("order-1".into());
+    // No dedup id: a dead letter, which names its source.
+    let mut refused = forged(Input::cmd("b", t0));
+    refused.key = Some("order-2".into());
+    let mut p = app.start("pod-0");
+    p.wait_ready(MINUTE);
+    app.produce(&[kept, refused]);
+    app.wait_until_processed(MINUTE);
+
+    let output = app.read(&app.output);
+    assert_eq!(output.len(), 1);
+    assert_eq!(
+        output[0].key.as_deref(),
+        Some("order-1"),
+        "the input's own key"
+    );
+    assert!(
+        !output[0]
+            .headers
+            .keys()
+            .any(|k| k.starts_with("streamapp.repartition.")),
+        "{:?}",
+        output[0].headers
+    );
+    let dead = app.read(&app.dead_letters);
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].key.as_deref(), Some("order-2"));
+    let source = &dead[0].headers["streamapp.dlq.source"];
+    assert!(
+        source.starts_with(&format!("{}/1/", app.input)),
+        "the real source, not the forged one: {source}"
+    );
+}

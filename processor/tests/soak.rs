@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{App, AppOptions, Processor, now_ms, serial};
+use common::{App, Processor, now_ms, serial};
 use rand::RngExt;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -39,14 +39,7 @@ enum Fault {
 async fn three_processors_keep_exactly_once_through_kill_9s_a_zombie_and_a_broker_restart() {
     let _serial = serial().await;
     let started = Instant::now();
-    let app = App::create(
-        "soak",
-        AppOptions {
-            partitions: 6,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("soak", 6).await;
     let mut procs: Vec<Processor> = PODS.iter().map(|pod| app.start(pod)).collect();
     for p in &mut procs {
         p.wait_ready(2 * MINUTE);

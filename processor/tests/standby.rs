@@ -1,4 +1,4 @@
-//! Standby replicas against the real broker (DESIGN.md's invariant 5).
+//! Standby replicas against the real broker (invariant 6 of docs/design.md).
 //!
 //! First the state updater on its own: it keeps a store warm by following its changelog with read_committed, and the store
 //! never holds a record of an aborted transaction, nor one of a transaction still open; its
@@ -49,6 +49,7 @@ fn open_store(dir: &Path, topic: &str, partition: i32) -> TaskStore {
         &ChangelogIdentity {
             topic: topic.to_string(),
             partition,
+            topic_id: None,
         },
     )
     .expect("opening a store")
@@ -627,14 +628,7 @@ async fn without_standbys_the_same_failover_restores_the_lost_pods_whole_changel
     let _serial = serial().await;
     const PARTITIONS: i32 = 4;
     const IDS: usize = 500_000;
-    let app = App::create(
-        "no-standbys",
-        AppOptions {
-            partitions: PARTITIONS,
-            ..Default::default()
-        },
-    )
-    .await;
+    let app = App::with_partitions("no-standbys", PARTITIONS).await;
     let [mut a, mut b] = two_pods_with(&app, IDS);
     let a_active = in_state(&a.live_health(), TaskState::Active);
     assert!(!a_active.is_empty(), "pod-a had tasks");

@@ -140,6 +140,9 @@ pub struct EngineConfig {
     pub duplicates_topic: Option<String>,
     pub dead_letter_topic: String,
     pub changelog_topic: String,
+    /// The changelog topic's id at start-up (KIP-516), when the broker tells it: stores of an
+    /// earlier topic of the same name are rebuilt, not mixed with this one.
+    pub changelog_topic_id: Option<[u8; 16]>,
     /// The internal topic of the route stage, when the topology repartitions: the dedup
     /// tasks read it instead of the input.
     pub repartition_topic: Option<String>,
@@ -359,8 +362,6 @@ pub struct Engine {
     /// Deletes what the dedup stage committed from the repartition topic.
     purger: Option<Purger>,
     last_purge: Instant,
-    /// The offsets last handed to the purger.
-    purged: BTreeMap<i32, i64>,
     memory: SharedMemory,
     shared: Arc<Shared>,
     metrics: Metrics,
@@ -437,7 +438,6 @@ impl Engine {
             verifier: Verifier::start(cfg.rocksdb.verify_keys_per_second),
             purger,
             last_purge: Instant::now(),
-            purged: BTreeMap::new(),
             memory,
             shared,
             gauges: ThreadGauges::new(&metrics),
@@ -511,22 +511,20 @@ impl Engine {
     }
 
     /// Every purge interval: hands the dedup stage's committed offsets on the repartition
-    /// topic that moved since the last time to the purger (what is before them is processed
-    /// and committed for good).
+    /// topic to the purger, which asks the broker for those it has not confirmed yet (what is
+    /// before them is processed and committed for good).
     fn purge_repartitioned(&mut self) {
         let Some(purger) = &self.purger else { return };
         if self.last_purge.elapsed() < crate::repartition::PURGE_INTERVAL {
             return;
         }
         self.last_purge = Instant::now();
-        let moved: BTreeMap<i32, i64> = self
+        let committed: BTreeMap<i32, i64> = self
             .tasks
             .values()
             .filter_map(|t| Some((t.partition, t.committed?)))
-            .filter(|(p, o)| self.purged.get(p) != Some(o))
             .collect();
-        self.purged.extend(moved.iter().map(|(&p, &o)| (p, o)));
-        purger.purge(moved);
+        purger.purge(&committed);
     }
 
     // ---- drain and health ----------------------------------------------------------------

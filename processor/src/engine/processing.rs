@@ -294,20 +294,24 @@ impl Engine {
             }
             return Ok(());
         }
-        // Not a duplicate. The store keeps the later of two first sightings (the changelog
-        // replays the same rule): an out-of-order record older than the store's by more
-        // than the retention leaves it as it is, so every staged put is newer than what the
-        // store holds and the apply after the commit need not read it again.
-        if first_seen.is_none_or(|f| f < record.time) {
-            task.staged.put(&id, record.time);
+        // Not a duplicate. The store keeps the later of two first sightings: an out-of-order
+        // record older than the store's by more than the retention leaves it as it is, so
+        // every staged put is newer than what the store holds and the apply after the commit
+        // need not read it again.
+        let kept = topology::kept_sighting(first_seen, record.time);
+        if kept == record.time {
+            task.staged.put(&id, kept);
         }
+        // The changelog says what the store keeps, not the record's own time: compaction
+        // keeps only an id's last changelog record, and a store rebuilt from it (a new pod, a
+        // standby, a quarantine) must decide as this one does.
         let changelog = self.cfg.changelog_topic.clone();
         self.send(
             Outgoing {
                 topic: &changelog,
                 partition: Some(p),
                 key: Some(&id),
-                value: Some(&record.time.to_be_bytes()),
+                value: Some(&kept.to_be_bytes()),
                 headers: OwnedHeaders::new(),
                 timestamp: None,
             },
@@ -498,8 +502,6 @@ pub(super) struct Consumed<'a> {
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
     headers: Option<&'a BorrowedHeaders>,
-    /// `headers` hold the route stage's own, which are left out when copied.
-    repartitioned: bool,
     /// The record's time (the producer's clock when it has none).
     pub time: i64,
     topic: &'a str,
@@ -529,7 +531,6 @@ impl<'a> Consumed<'a> {
             key,
             value: m.payload(),
             headers,
-            repartitioned,
             time: m.timestamp().to_millis().unwrap_or_else(now_ms),
             topic: m.topic(),
             carried_source,
@@ -558,12 +559,15 @@ impl<'a> Consumed<'a> {
         self.headers?.iter().find(|h| h.key == name)?.value
     }
 
-    /// The record's headers, without the route stage's own.
+    /// The record's headers, without the route stage's own. An input record that carries
+    /// headers named like them (a producer's, or a record copied from a repartition topic)
+    /// loses them too: the route stage's must be the only ones, or the dedup stage would take
+    /// such a header for the record's original key or source.
     pub fn copy_headers(&self) -> OwnedHeaders {
         let mut out = OwnedHeaders::new();
         if let Some(h) = self.headers {
             for header in h.iter() {
-                if !(self.repartitioned && header.key.starts_with(repartition::HEADER_PREFIX)) {
+                if !header.key.starts_with(repartition::HEADER_PREFIX) {
                     out = out.insert(header);
                 }
             }

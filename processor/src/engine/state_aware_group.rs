@@ -25,6 +25,7 @@ use crate::group::{Generation, GroupConfig, GroupEvent, MemberState, Membership,
 use crate::restore::ChangelogEnds;
 use crate::state_dir::StateDir;
 use crate::store::{ChangelogIdentity, changelog_offset_on_disk};
+use crate::txn_coordinator::CoordinatorClient;
 
 /// The membership and what the engine keeps of it.
 pub(super) struct StateAwareGroup {
@@ -46,6 +47,18 @@ struct EngineReport {
     /// transactional id.
     client: rdkafka::ClientConfig,
     application_id: String,
+}
+
+impl EngineReport {
+    fn transaction_state(&self, transactional_id: &str) -> Result<String, String> {
+        CoordinatorClient {
+            bootstrap: crate::group::bootstrap_servers(&self.client),
+            security: Security::from_client(&self.client)?,
+            client_id: format!("{}-fence", self.application_id),
+            timeout: std::time::Duration::from_secs(10),
+        }
+        .transaction_state(transactional_id)
+    }
 }
 
 impl MemberState for EngineReport {
@@ -70,9 +83,23 @@ impl MemberState for EngineReport {
     /// read_committed reader gets past it, in the changelog, the repartition topic or the
     /// outputs. A departed member that was only stalled finds its producer fenced and exits
     /// (Kubernetes starts it again); its tasks had moved on anyway.
+    ///
+    /// Only an id with a transaction open is fenced: a pod that restarted initialises its new
+    /// producer before it joins, so between the two it is "departed" with a live producer and
+    /// nothing open, and fencing that producer would make the new pod exit.
     fn fence_departed(&self, instance_ids: &BTreeSet<String>) {
         for instance in instance_ids {
             let transactional_id = super::transactional_id(&self.application_id, instance);
+            match self.transaction_state(&transactional_id) {
+                Ok(state) if state != "Ongoing" => {
+                    info!(member = %instance, transactional_id, state,
+                        "a departed member's transactional id has no open transaction: not fenced");
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => warn!(member = %instance, transactional_id, error = %e,
+                    "cannot ask the transaction coordinator about a departed member's transactional id: fencing it"),
+            }
             let started = std::time::Instant::now();
             let fenced = self
                 .client
@@ -115,7 +142,7 @@ impl StateAwareGroup {
         let report = Arc::new(EngineReport {
             report: Mutex::new(Report {
                 node: cfg.group.node.clone(),
-                stores: stores_on_disk(state, &cfg.changelog_topic),
+                stores: stores_on_disk(state, &cfg.changelog_topic, cfg.changelog_topic_id),
                 active: BTreeSet::new(),
                 members: BTreeSet::new(),
             }),
@@ -124,13 +151,7 @@ impl StateAwareGroup {
             client: cfg.client.clone(),
             application_id: cfg.application_id.clone(),
         });
-        let bootstrap = client
-            .get("bootstrap.servers")
-            .unwrap_or_default()
-            .split(',')
-            .map(|b| b.trim().to_string())
-            .filter(|b| !b.is_empty())
-            .collect();
+        let bootstrap = crate::group::bootstrap_servers(client);
         let timing = cfg.group.timing;
         let (membership, events) = Membership::start(
             GroupConfig {
@@ -171,7 +192,11 @@ impl StateAwareGroup {
 /// closed cleanly, what the store itself vouches for (read read-only) for one left by an
 /// unclean stop. A store that cannot be read is not reported (it is opened, and judged, when
 /// a task needs it).
-fn stores_on_disk(state: &StateDir, changelog_topic: &str) -> BTreeMap<i32, i64> {
+fn stores_on_disk(
+    state: &StateDir,
+    changelog_topic: &str,
+    topic_id: Option<[u8; 16]>,
+) -> BTreeMap<i32, i64> {
     state
         .task_partitions()
         .into_iter()
@@ -189,6 +214,7 @@ fn stores_on_disk(state: &StateDir, changelog_topic: &str) -> BTreeMap<i32, i64>
             let changelog = ChangelogIdentity {
                 topic: changelog_topic.to_string(),
                 partition: p,
+                topic_id,
             };
             let started = Instant::now();
             match changelog_offset_on_disk(&dir, state.wal_dir(p).as_deref(), &changelog) {

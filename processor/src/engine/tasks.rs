@@ -318,6 +318,7 @@ impl Engine {
             &ChangelogIdentity {
                 topic: self.cfg.changelog_topic.clone(),
                 partition,
+                topic_id: self.cfg.changelog_topic_id,
             },
         )?;
         Ok(store)
@@ -404,6 +405,21 @@ impl Engine {
                     if self.give_back(p, store) {
                         self.on_restore_failed(p, error)?;
                     }
+                }
+                Update::Skipped {
+                    partition: p,
+                    skipped,
+                } => {
+                    self.metrics
+                        .changelog_records_skipped
+                        .inc_by(skipped.records);
+                    self.shared.update(false, |h| {
+                        h.skipped_changelog_records += skipped.records;
+                        h.last_skipped_changelog_record = Some(format!(
+                            "{p}/{}: {}",
+                            skipped.last_offset, skipped.last_reason
+                        ));
+                    });
                 }
                 Update::ReaderFailed { error, stores } => {
                     for (p, store) in stores {

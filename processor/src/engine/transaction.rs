@@ -20,10 +20,12 @@ use super::{
     DEFAULT_TRANSACTION_TIMEOUT, Engine, EngineConfig, EngineError, GroupConsumer,
     TXN_CALL_TIMEOUT, TXN_DEADLINE, default_property,
 };
+use crate::group::security::Security;
 use crate::group::txn_offsets::{GroupGeneration, send_offsets_to_transaction};
-use crate::kafka_errors::{TxnErrorFacts, TxnFailure, classify_txn, is_retriable};
+use crate::kafka_errors::{TxnErrorFacts, TxnFailure, classify_commit, classify_txn, is_retriable};
 use crate::lifecycle::Event;
 use crate::shared::Shared;
+use crate::txn_coordinator::{CoordinatorClient, FenceOrigin, fence_origin};
 
 /// Creates the transactional producer and initialises its transactions, which aborts what a
 /// previous incarnation left open and fences it.
@@ -201,19 +203,31 @@ impl Engine {
             ),
         };
         let offsets_sent = commit_start.elapsed();
-        let committed = sent.and_then(|()| {
+        // (facts, whether the commit itself was still retriable when retries stopped)
+        let committed = sent.map_err(|facts| (facts, false)).and_then(|()| {
             retry_txn(&shared, self.cfg.thread, || {
                 self.producer.commit_transaction(TXN_CALL_TIMEOUT)
             })
-            .map_err(|e| TxnErrorFacts::of(&e))
+            .map_err(|e| (TxnErrorFacts::of(&e), is_retriable(&e)))
         });
-        if let Err(facts) = committed {
+        if let Err((facts, retriable)) = committed {
+            let failure = classify_commit(
+                &facts,
+                retriable,
+                started.elapsed(),
+                self.cfg.transaction_timeout(),
+            );
+            if let TxnFailure::Fatal(why) = failure.clone()
+                && retriable
+            {
+                return Err(EngineError::Fatal(format!("commit: {why}")));
+            }
             // A record Kafka refused dooms the transaction: charge it to that record.
             let failures = self.producer.context().take_failures();
             if !failures.is_empty() {
                 return self.on_produce_errors(consumer, failures);
             }
-            return self.on_txn_failure(consumer, "commit", &facts, started.elapsed());
+            return self.on_txn_failure(consumer, "commit", failure);
         }
         let ended = commit_start.elapsed();
         let txn = self.txn.take().expect("open");
@@ -304,15 +318,14 @@ impl Engine {
         });
     }
 
-    /// What a failed commit (or abort) leads to.
+    /// What a failed commit leads to.
     fn on_txn_failure(
         &mut self,
         consumer: &GroupConsumer,
         what: &str,
-        facts: &TxnErrorFacts,
-        txn_age: Duration,
+        failure: TxnFailure,
     ) -> Result<(), EngineError> {
-        match classify_txn(facts, Some(txn_age), self.cfg.transaction_timeout()) {
+        match failure {
             TxnFailure::Abortable(why) => {
                 self.abort(consumer, &why);
                 Ok(())
@@ -479,7 +492,27 @@ impl Engine {
         self.replace_producer(why)
     }
 
+    /// A fence on a transaction older than its timeout: a new producer, unless the
+    /// transaction coordinator shows that another instance of this pod took the
+    /// transactional id over (this one is then the zombie, and a new producer would fence the
+    /// live instance).
     fn replace_producer(&mut self, why: &str) -> Result<(), EngineError> {
+        let transactional_id = self.cfg.transactional_id();
+        match self.ask_coordinator(&transactional_id) {
+            Ok(FenceOrigin::AnotherInstance { state }) => {
+                return Err(EngineError::Fenced {
+                    transactional_id: transactional_id.clone(),
+                    detail: format!(
+                        "{why}; the transaction coordinator shows {transactional_id} in state \
+                         {state}, not the abort of this transaction: another instance of this \
+                         pod took it over"
+                    ),
+                });
+            }
+            Ok(FenceOrigin::Timeout) => {}
+            Err(e) => warn!(error = %e,
+                "could not ask the transaction coordinator who ended the transaction; taking it for its timeout"),
+        }
         warn!(
             reason = why,
             timeout_ms = self.cfg.transaction_timeout().as_millis() as u64,
@@ -489,5 +522,18 @@ impl Engine {
         self.metrics.transaction_timeouts.inc();
         self.producer = new_producer(&self.cfg, &self.shared)?;
         Ok(())
+    }
+
+    fn ask_coordinator(&self, transactional_id: &str) -> Result<FenceOrigin, String> {
+        let client = &self.cfg.client;
+        let coordinator = CoordinatorClient {
+            bootstrap: crate::group::bootstrap_servers(client),
+            security: Security::from_client(client).map_err(|e| e.to_string())?,
+            client_id: format!("{transactional_id}-describe"),
+            timeout: TXN_CALL_TIMEOUT,
+        };
+        self.shared.beat(self.cfg.thread);
+        let state = coordinator.transaction_state(transactional_id)?;
+        Ok(fence_origin(&state))
     }
 }

@@ -76,6 +76,18 @@ pub struct GroupConfig {
     pub security: security::Security,
 }
 
+/// The brokers of a client configuration's `bootstrap.servers` (host:port), as this module's
+/// own connections reach them.
+pub fn bootstrap_servers(client: &rdkafka::config::ClientConfig) -> Vec<String> {
+    client
+        .get("bootstrap.servers")
+        .unwrap_or_default()
+        .split(',')
+        .map(|b| b.trim().to_string())
+        .filter(|b| !b.is_empty())
+        .collect()
+}
+
 impl GroupConfig {
     /// Partitions of the route stage's topic (0 without one).
     fn route_partitions(&self) -> i32 {
@@ -451,7 +463,7 @@ impl Member {
         let assignments = match (leader && !joined.skip_assignment, protocol) {
             (false, _) => Vec::new(),
             (true, RANGE) => self.lead_range(&joined.members),
-            (true, _) => self.lead(&joined.members)?,
+            (true, _) => self.lead(generation_id, &joined.members)?,
         };
         let mut request = SyncGroupRequest::default()
             .with_group_id(self.group_id())
@@ -503,8 +515,12 @@ impl Member {
     /// The leader's part: every member's share, from their reports.
     fn lead(
         &mut self,
+        generation_id: i32,
         members: &[kafka_protocol::messages::join_group_response::JoinGroupResponseMember],
     ) -> Result<Vec<SyncGroupRequestAssignment>, Failure> {
+        // Reading the changelog ends and fencing departed members take broker round trips of
+        // up to seconds each: the session goes on meanwhile.
+        let _heartbeats = self.heartbeats(generation_id);
         let mut reports = Vec::new();
         let mut member_ids = BTreeMap::new();
         let mut last_generation = BTreeSet::new();
@@ -624,6 +640,10 @@ impl Member {
     /// dropped the event), at most the rebalance timeout: the coordinator waits that long for
     /// members to join anyway.
     fn announce_rebalance(&self) {
+        // The engine may take longer than the session timeout to let go (a slow record, a
+        // commit retried while a broker is away): the member must not be expired meanwhile.
+        let generation_id = self.generation.as_ref().map_or(-1, |g| g.generation_id);
+        let _heartbeats = self.heartbeats(generation_id);
         let (revoked, wait) = channel();
         if self
             .events
@@ -644,6 +664,21 @@ impl Member {
         );
     }
 
+    /// Heartbeats of `generation_id` from a thread and connection of their own, until the
+    /// returned value is dropped; nothing when there is no coordinator connection yet.
+    fn heartbeats(&self, generation_id: i32) -> Option<BackgroundHeartbeats> {
+        let coordinator = self.connection.as_ref()?.address().to_string();
+        Some(BackgroundHeartbeats::start(
+            self.cfg.clone(),
+            coordinator,
+            HeartbeatRequest::default()
+                .with_group_id(self.group_id())
+                .with_generation_id(generation_id)
+                .with_member_id(StrBytes::from_string(self.member_id.clone()))
+                .with_group_instance_id(self.instance_id()),
+        ))
+    }
+
     fn leave_group(&mut self) {
         let request = LeaveGroupRequest::default()
             .with_group_id(self.group_id())
@@ -657,6 +692,75 @@ impl Member {
             Ok(Ok(r)) => warn!(code = r.error_code, "leaving the group failed"),
             Ok(Err(e)) => warn!(error = %e, "leaving the group failed"),
             Err(_) => warn!("leaving the group failed: no coordinator"),
+        }
+    }
+}
+
+/// Heartbeats sent while the membership thread waits on something slow (the engine letting go
+/// of its share, the leader's broker round trips): the coordinator expires a member silent
+/// for `session.timeout.ms`, rebalance or not, and Kafka's own consumer heartbeats from a
+/// thread of its own for this reason. Answers are not acted on: a rebalance in progress is
+/// what the waiting thread handles anyway, and any other error shows on its next request.
+struct BackgroundHeartbeats {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BackgroundHeartbeats {
+    fn start(cfg: GroupConfig, coordinator: String, request: HeartbeatRequest) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("group-heartbeat".into())
+            .spawn(move || {
+                let client_id = format!("{}-heartbeat", cfg.instance_id);
+                let mut connection: Option<Connection> = None;
+                loop {
+                    let next = Instant::now() + cfg.heartbeat_interval;
+                    while Instant::now() < next {
+                        if stopped.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    if connection.is_none() {
+                        connection = Connection::open(
+                            &coordinator,
+                            &client_id,
+                            REQUEST_TIMEOUT,
+                            &cfg.security,
+                        )
+                        .map_err(|e| debug!(error = %e, "heartbeat connection failed"))
+                        .ok();
+                    }
+                    if let Some(c) = connection.as_mut() {
+                        match c.send(&request) {
+                            Ok(r) => debug!(code = r.error_code, "heartbeat while waiting"),
+                            Err(e) => {
+                                debug!(error = %e, "heartbeat while waiting failed");
+                                connection = None;
+                            }
+                        }
+                    }
+                }
+            })
+            .expect("starting the heartbeat thread");
+        BackgroundHeartbeats {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for BackgroundHeartbeats {
+    /// Stops the heartbeats without waiting for a request under way (it ends by itself, and
+    /// nothing is sent after it).
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take()
+            && t.is_finished()
+        {
+            let _ = t.join();
         }
     }
 }

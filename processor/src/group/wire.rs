@@ -37,6 +37,15 @@ const OURS: [(ApiKey, i16, i16); 5] = [
     (ApiKey::LeaveGroup, 3, 5),
 ];
 
+/// APIs negotiated when the broker speaks them, without which the connection still works:
+/// DescribeTransactions (Kafka 3.0, KIP-664) tells a zombie from a transaction the
+/// coordinator timed out ([`crate::txn_coordinator`]); Metadata from version 10 (Kafka 2.8,
+/// KIP-516) gives a topic's id ([`crate::changelog::topic_id`]).
+const OPTIONAL: [(ApiKey, i16, i16); 2] = [
+    (ApiKey::DescribeTransactions, 0, 0),
+    (ApiKey::Metadata, 10, 12),
+];
+
 /// The SASL APIs, negotiated only when the connection authenticates: SaslHandshake v1 (the
 /// tokens then travel in SaslAuthenticate requests) and SaslAuthenticate up to v2.
 const SASL: [(ApiKey, i16, i16); 2] = [
@@ -184,6 +193,17 @@ impl Connection {
                 }
             }
         }
+        for &(key, min, max) in &OPTIONAL {
+            if let Some(k) = response
+                .api_keys
+                .iter()
+                .find(|k| k.api_key == key as i16 && k.min_version <= max && k.max_version >= min)
+            {
+                connection
+                    .versions
+                    .insert(key as i16, max.min(k.max_version));
+            }
+        }
         if let Some(sasl) = &security.sasl {
             connection.authenticate(sasl)?;
         }
@@ -257,6 +277,11 @@ impl Connection {
                 what: "setting the socket timeout",
                 source,
             })
+    }
+
+    /// Whether the broker speaks `key` at a version this module does (an optional API).
+    pub fn speaks(&self, key: ApiKey) -> bool {
+        self.versions.contains_key(&(key as i16))
     }
 
     /// The version of `key` this connection speaks.

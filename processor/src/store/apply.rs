@@ -131,11 +131,19 @@ impl Database {
             meta.expired_through =
                 Some(self.expire_into(&mut batch, meta.expired_through, cutoff)?);
         }
+        // Forgotten ids (changelog tombstones) go before the puts: an id put again after its
+        // tombstone is in both, and its put must win.
+        for id in &staged.forgets {
+            batch.delete(id_key(id));
+            // Its expiry index entry stays: expiry deletes an id only when the entry is still
+            // its own, and drops the entry either way.
+        }
         for (id, &time) in &staged.puts {
             if cutoff.is_some_and(|c| time < c) {
                 continue; // already outside the window: expired on arrival
             }
             if existing == Existing::Check
+                && !staged.forgets.contains(id)
                 && self.first_seen(id)?.is_some_and(|existing| existing > time)
             {
                 continue; // a later put of the same id wins, whatever the order

@@ -22,7 +22,7 @@ mod fault;
 mod options;
 mod verify;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,6 +39,7 @@ pub use verify::{Verifier, VerifyOutcome};
 const META_CHANGELOG_OFFSET: &[u8] = b"m/changelog_offset";
 const META_CHANGELOG_TOPIC: &[u8] = b"m/changelog_topic";
 const META_CHANGELOG_PARTITION: &[u8] = b"m/changelog_partition";
+const META_CHANGELOG_TOPIC_ID: &[u8] = b"m/changelog_topic_id";
 const META_INPUT_OFFSET: &[u8] = b"m/input_offset";
 const META_STREAM_TIME: &[u8] = b"m/stream_time";
 const META_EXPIRED_THROUGH: &[u8] = b"m/expired_through";
@@ -58,6 +59,9 @@ pub const EXPIRY_CHUNK: usize = 10_000;
 pub struct ChangelogIdentity {
     pub topic: String,
     pub partition: i32,
+    /// The topic's id (KIP-516), when known: a topic deleted and created again under the same
+    /// name gets another one, so a store of the old one is not taken for a prefix of the new.
+    pub topic_id: Option<[u8; 16]>,
 }
 
 /// How long ids are kept, and how far ahead of the wall clock record times may push the
@@ -104,6 +108,9 @@ pub enum Existing {
 pub struct Staged {
     /// id → first-seen record time.
     pub puts: BTreeMap<Vec<u8>, i64>,
+    /// Ids to forget (a tombstone in the changelog). An id put after it was forgotten in the
+    /// same batch is in both: the put wins and is not compared with what the store held.
+    pub forgets: BTreeSet<Vec<u8>>,
     /// Changelog offset the store reflects once these are applied.
     pub changelog_offset: Option<i64>,
     /// Input offset the store reflects once these are applied.
@@ -120,12 +127,27 @@ impl Staged {
         self.observe_time(time);
     }
 
+    /// Stages forgetting `id`: the store drops what it holds for it, and what this batch put
+    /// for it before (the changelog's order).
+    pub fn forget(&mut self, id: &[u8]) {
+        self.puts.remove(id);
+        self.forgets.insert(id.to_vec());
+    }
+
+    /// Ids this batch puts or forgets.
+    pub fn changes(&self) -> usize {
+        self.puts.len() + self.forgets.len()
+    }
+
     pub fn observe_time(&mut self, time: i64) {
         self.stream_time = Some(self.stream_time.map_or(time, |t| t.max(time)));
     }
 
     pub fn is_empty(&self) -> bool {
-        self.puts.is_empty() && self.changelog_offset.is_none() && self.input_offset.is_none()
+        self.puts.is_empty()
+            && self.forgets.is_empty()
+            && self.changelog_offset.is_none()
+            && self.input_offset.is_none()
     }
 
     pub fn clear(&mut self) {
@@ -228,7 +250,8 @@ impl TaskStore {
     }
 
     /// A store records the changelog partition it is a prefix of when it is created (stores
-    /// of earlier versions adopt the one they are opened for); opened for another, it is
+    /// of earlier versions adopt the one they are opened for), and the topic's id once it is
+    /// known; opened for another, or for a topic of the same name created again since, it is
     /// damaged as far as this task is concerned.
     fn check_identity(&mut self, changelog: &ChangelogIdentity) -> Result<()> {
         let topic = self.database.get_raw(META_CHANGELOG_TOPIC)?;
@@ -237,7 +260,7 @@ impl TaskStore {
             (Some(t), Some(p))
                 if t == changelog.topic.as_bytes() && p == changelog.partition as i64 =>
             {
-                Ok(())
+                self.check_topic_id(changelog)
             }
             (Some(t), Some(p)) => Err(StoreError::damaged(
                 &self.database.path,
@@ -255,8 +278,34 @@ impl TaskStore {
                     META_CHANGELOG_PARTITION,
                     (changelog.partition as i64).to_be_bytes(),
                 );
+                if let Some(id) = changelog.topic_id {
+                    batch.put(META_CHANGELOG_TOPIC_ID, id);
+                }
                 self.database.write(batch)
             }
+        }
+    }
+
+    /// The changelog's incarnation: a store that recorded another topic id reflects a topic
+    /// since deleted (whatever its offsets say: the new one may have grown past them). A
+    /// store without one adopts the id it is opened with.
+    fn check_topic_id(&mut self, changelog: &ChangelogIdentity) -> Result<()> {
+        let Some(id) = changelog.topic_id else {
+            return Ok(());
+        };
+        match self.database.get_raw(META_CHANGELOG_TOPIC_ID)? {
+            Some(stored) if stored == id => Ok(()),
+            Some(stored) => Err(StoreError::damaged(
+                &self.database.path,
+                format!(
+                    "the store reflects changelog {} with topic id {}, but the topic now has id {}: \
+                     the changelog was recreated, so the store is not a prefix of it",
+                    changelog.topic,
+                    hex_id(&stored),
+                    hex_id(&id)
+                ),
+            )),
+            None => self.put_meta(META_CHANGELOG_TOPIC_ID, &id),
         }
     }
 
@@ -419,6 +468,10 @@ impl Drop for TaskStore {
     }
 }
 
+fn hex_id(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn count_ids(db: &DB, path: &Path) -> Result<u64> {
     let mut ro = ReadOptions::default();
     ro.set_iterate_upper_bound(b"i0".to_vec()); // '0' sorts right after '/'
@@ -506,12 +559,18 @@ pub fn changelog_offset_on_disk(
 ) -> Result<Option<i64>> {
     let db = open_db_read_only(path, wal_dir)?;
     let (meta, of) = read_meta(&db);
+    let stored_id = db.get(META_CHANGELOG_TOPIC_ID).ok().flatten();
+    let another_incarnation = changelog
+        .topic_id
+        .zip(stored_id)
+        .is_some_and(|(id, stored)| stored != id);
     Ok(match of {
         Some((topic, partition))
             if topic != changelog.topic || partition != i64::from(changelog.partition) =>
         {
             None
         }
+        _ if another_incarnation => None,
         _ => meta.changelog_offset,
     })
 }
@@ -552,6 +611,7 @@ mod tests {
         ChangelogIdentity {
             topic: "app-dedup-changelog".into(),
             partition,
+            topic_id: None,
         }
     }
 
@@ -834,6 +894,7 @@ mod tests {
         let other_topic = ChangelogIdentity {
             topic: "other-dedup-changelog".into(),
             partition: 0,
+            topic_id: None,
         };
         assert_eq!(
             try_open(dir.path(), &other_topic).err().unwrap().fault(),
@@ -841,6 +902,32 @@ mod tests {
         );
         // Its own changelog opens it.
         drop(open(dir.path()));
+    }
+
+    #[test]
+    fn a_store_of_a_changelog_since_recreated_under_the_same_name_is_damaged_for_this_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = ChangelogIdentity {
+            topic_id: Some([1; 16]),
+            ..changelog(0)
+        };
+        drop(try_open(dir.path(), &changelog(0)).unwrap()); // created before the id was known
+        drop(try_open(dir.path(), &first).unwrap()); // adopts it
+        drop(try_open(dir.path(), &changelog(0)).unwrap()); // an unknown id checks nothing
+        let recreated = ChangelogIdentity {
+            topic_id: Some([2; 16]),
+            ..changelog(0)
+        };
+        let e = try_open(dir.path(), &recreated).err().expect("refused");
+        assert_eq!(e.fault(), Fault::Damaged);
+        assert!(e.reason().contains("the changelog was recreated"), "{e}");
+        let (path, wal) = (dir.path(), None);
+        assert_eq!(
+            changelog_offset_on_disk(path, wal, &recreated).unwrap(),
+            None,
+            "not reported to the group as a copy of the new changelog"
+        );
+        drop(try_open(dir.path(), &first).unwrap());
     }
 
     #[test]

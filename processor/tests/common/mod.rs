@@ -155,6 +155,19 @@ impl App {
         }
     }
 
+    /// An application with `partitions` input partitions and every other option at its
+    /// default.
+    pub async fn with_partitions(prefix: &str, partitions: i32) -> App {
+        App::create(
+            prefix,
+            AppOptions {
+                partitions,
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
     pub fn changelog(&self) -> String {
         format!("{}-dedup-changelog", self.id)
     }
@@ -562,6 +575,23 @@ impl Processor {
             ])
             .output()
             .expect("running drain")
+    }
+
+    /// Drains the processor (as the preStop hook does) and waits for it to exit cleanly.
+    pub fn drain_and_exit(&mut self) {
+        let drained = self.drain();
+        assert!(
+            drained.status.success(),
+            "drain of {}: {}",
+            self.pod,
+            String::from_utf8_lossy(&drained.stderr)
+        );
+        assert_eq!(
+            self.wait_exit(Duration::from_secs(60)),
+            Some(0),
+            "{} exits after its drain",
+            self.pod
+        );
     }
 
     /// Waits for the process to exit; returns its exit code.

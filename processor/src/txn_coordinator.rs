@@ -1,0 +1,142 @@
+//! What the transaction coordinator holds for this pod's `transactional.id`, asked when the
+//! producer was fenced on a transaction older than `transaction.timeout.ms`.
+//!
+//! librdkafka reports the same fence whether the coordinator aborted our transaction on its
+//! timeout (nobody else is involved: a new producer goes on) or another instance of the pod
+//! initialised the same `transactional.id` (we are the zombie: a new producer would fence the
+//! live instance, which would fence us back in turn). The age of the transaction cannot tell
+//! them apart when a zombie was stopped longer than the timeout; the coordinator can
+//! (DescribeTransactions, KIP-664): after a timeout it shows our transaction aborted and
+//! nothing since, after another instance's `init_transactions` it shows that instance's state.
+
+use std::time::Duration;
+
+use kafka_protocol::messages::{
+    DescribeTransactionsRequest, FindCoordinatorRequest, TransactionalId,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::group::security::Security;
+use crate::group::wire::Connection;
+
+/// Who ended a transaction that was fenced, by the coordinator's state of the transactional id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FenceOrigin {
+    /// The transaction was aborted and nothing happened on the id since: the coordinator's
+    /// timeout.
+    Timeout,
+    /// The id moved on (a new producer epoch initialised it, began or ended transactions):
+    /// another instance holds it.
+    AnotherInstance { state: String },
+}
+
+/// Reads the coordinator's state of the transactional id (`TransactionState` as
+/// `kafka-transactions.sh describe` prints it).
+pub fn fence_origin(state: &str) -> FenceOrigin {
+    match state {
+        "PrepareAbort" | "CompleteAbort" => FenceOrigin::Timeout,
+        other => FenceOrigin::AnotherInstance {
+            state: other.to_string(),
+        },
+    }
+}
+
+/// Where to reach the coordinator, and how.
+pub struct CoordinatorClient {
+    pub bootstrap: Vec<String>,
+    pub security: Security,
+    pub client_id: String,
+    pub timeout: Duration,
+}
+
+impl CoordinatorClient {
+    /// The coordinator's `TransactionState` of `transactional_id`.
+    pub fn transaction_state(&self, transactional_id: &str) -> Result<String, String> {
+        let mut last = String::from("no bootstrap broker configured");
+        for broker in &self.bootstrap {
+            match self.ask(broker, transactional_id) {
+                Ok(state) => return Ok(state),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn ask(&self, broker: &str, transactional_id: &str) -> Result<String, String> {
+        let open = |address: &str| {
+            Connection::open(address, &self.client_id, self.timeout, &self.security)
+                .map_err(|e| e.to_string())
+        };
+        let mut connection = open(broker)?;
+        let id = StrBytes::from_string(transactional_id.to_string());
+        // Version 4 and later ask and answer per key; earlier ones at the top level.
+        let batched = connection.version(kafka_protocol::messages::ApiKey::FindCoordinator) >= 4;
+        let request = if batched {
+            FindCoordinatorRequest::default().with_coordinator_keys(vec![id.clone()])
+        } else {
+            FindCoordinatorRequest::default().with_key(id.clone())
+        };
+        let found = connection
+            .send(&request.with_key_type(1))
+            .map_err(|e| e.to_string())?;
+        let (code, host, port) = match found.coordinators.first() {
+            Some(c) if batched => (c.error_code, c.host.to_string(), c.port),
+            _ => (found.error_code, found.host.to_string(), found.port),
+        };
+        if code != 0 {
+            return Err(format!(
+                "finding the transaction coordinator: error code {code}"
+            ));
+        }
+        let address = format!("{host}:{port}");
+        if address != connection.address() {
+            connection = open(&address)?;
+        }
+        let described = connection
+            .send(
+                &DescribeTransactionsRequest::default()
+                    .with_transactional_ids(vec![TransactionalId(id)]),
+            )
+            .map_err(|e| e.to_string())?;
+        let state = described
+            .transaction_states
+            .first()
+            .ok_or("DescribeTransactions answered nothing")?;
+        if state.error_code != 0 {
+            return Err(format!(
+                "DescribeTransactions: error code {}",
+                state.error_code
+            ));
+        }
+        Ok(state.transaction_state.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_abort_with_nothing_since_is_the_coordinators_timeout() {
+        for state in ["PrepareAbort", "CompleteAbort"] {
+            assert_eq!(fence_origin(state), FenceOrigin::Timeout, "{state}");
+        }
+        // Another instance initialised the id (Empty), fenced an open transaction of ours
+        // (PrepareEpochFence), or has been working with it since.
+        for state in [
+            "Empty",
+            "Ongoing",
+            "PrepareCommit",
+            "CompleteCommit",
+            "PrepareEpochFence",
+        ] {
+            assert_eq!(
+                fence_origin(state),
+                FenceOrigin::AnotherInstance {
+                    state: state.into()
+                },
+                "{state}"
+            );
+        }
+    }
+}
