@@ -1,5 +1,5 @@
 //! The agent's command line. Every flag has an environment variable: the operator configures
-//! the sidecar through env (see the pod contract in DESIGN.md).
+//! the sidecar through env (see the pod contract in docs/design.md).
 
 use std::path::PathBuf;
 use std::time::Duration;
