@@ -229,6 +229,10 @@ mod tests {
     }
 
     fn open_store(state: &StateDir) -> crate::store::TaskStore {
+        try_open_store(state).unwrap()
+    }
+
+    fn try_open_store(state: &StateDir) -> crate::store::Result<crate::store::TaskStore> {
         use streamapp_api::config::{ResolvedRocksDb, RocksDbProfile};
         let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
         crate::store::TaskStore::open(
@@ -247,7 +251,6 @@ mod tests {
                 topic_id: None,
             },
         )
-        .unwrap()
     }
 
     #[test]
@@ -258,26 +261,9 @@ mod tests {
         // The old order, interrupted: the store moved, its WAL left behind.
         let target = plan(&state, 0, "damage", 1).unwrap();
         Step::Store.run(&state, 0, &target).unwrap();
-        use streamapp_api::config::{ResolvedRocksDb, RocksDbProfile};
-        let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
-        let refused = crate::store::TaskStore::open(
-            &state.store_dir(0),
-            state.wal_dir(0).as_deref(),
-            &tuning,
-            &crate::store::SharedMemory::new(&tuning, true),
-            crate::store::MemoryRole::Active,
-            crate::store::Window {
-                retention: std::time::Duration::from_secs(3600),
-                max_skew: std::time::Duration::from_secs(60),
-            },
-            &crate::store::ChangelogIdentity {
-                topic: "changelog".into(),
-                partition: 0,
-                topic_id: None,
-            },
-        )
-        .err()
-        .expect("RocksDB refuses to create a store beside the old WAL");
+        let refused = try_open_store(&state)
+            .err()
+            .expect("RocksDB refuses to create a store beside the old WAL");
         // Taken for damage, the empty rebuilt store would be quarantined in turn.
         assert_eq!(refused.fault(), crate::store::Fault::Damaged, "{refused}");
         assert!(
