@@ -133,48 +133,36 @@ pub fn reconcile(
 /// name does not keep: `None` when the broker does not tell ids (before Kafka 2.8). Asked over
 /// the processor's own Kafka connection (librdkafka does not expose topic ids).
 pub fn topic_id(client: &ClientConfig, topic: &str) -> Result<Option<[u8; 16]>, String> {
-    use kafka_protocol::messages::ApiKey;
     use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-    use kafka_protocol::messages::{MetadataRequest, TopicName};
+    use kafka_protocol::messages::{ApiKey, MetadataRequest, TopicName};
     use kafka_protocol::protocol::StrBytes;
 
-    let security = crate::group::security::Security::from_client(client)?;
-    let mut last = String::from("no bootstrap broker configured");
-    for broker in crate::group::bootstrap_servers(client) {
-        let mut connection = match crate::group::wire::Connection::open(
-            &broker,
-            &format!("{topic}-id"),
-            Duration::from_secs(10),
-            &security,
-        ) {
-            Ok(c) => c,
-            Err(e) => {
-                last = e.to_string();
-                continue;
-            }
-        };
-        if !connection.speaks(ApiKey::Metadata) {
-            return Ok(None);
-        }
-        let request = MetadataRequest::default()
-            .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(
-                TopicName(StrBytes::from_string(topic.to_string())),
-            ))]));
-        let response = connection.send(&request).map_err(|e| e.to_string())?;
-        let found = response
-            .topics
-            .iter()
-            .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))
-            .ok_or_else(|| format!("the metadata of {topic} does not name it"))?;
-        if found.error_code != 0 {
-            return Err(format!(
-                "metadata of {topic}: error code {}",
-                found.error_code
-            ));
-        }
-        return Ok((!found.topic_id.is_nil()).then(|| *found.topic_id.as_bytes()));
+    let mut connection = crate::group::wire::open_first(
+        &crate::group::bootstrap_servers(client),
+        &format!("{topic}-id"),
+        Duration::from_secs(10),
+        &crate::group::security::Security::from_client(client)?,
+    )?;
+    if !connection.speaks(ApiKey::Metadata) {
+        return Ok(None);
     }
-    Err(last)
+    let request = MetadataRequest::default()
+        .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(
+            TopicName(StrBytes::from_string(topic.to_string())),
+        ))]));
+    let response = connection.send(&request).map_err(|e| e.to_string())?;
+    let found = response
+        .topics
+        .iter()
+        .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))
+        .ok_or_else(|| format!("the metadata of {topic} does not name it"))?;
+    if found.error_code != 0 {
+        return Err(format!(
+            "metadata of {topic}: error code {}",
+            found.error_code
+        ));
+    }
+    Ok((!found.topic_id.is_nil()).then(|| *found.topic_id.as_bytes()))
 }
 
 /// Makes sure the changelog exists with as many partitions as the input and the retention the

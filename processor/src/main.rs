@@ -371,14 +371,6 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail_start(&e, exit_code(e.is_refusal())),
     }
     shared.beat_all();
-    let changelog_topic_id = match changelog::topic_id(&client, &changelog_topic) {
-        Ok(id) => id,
-        Err(e) => {
-            warn!(topic = %changelog_topic, error = %e,
-                "cannot read the changelog's topic id: a changelog recreated since a store was written is detected only when the store is ahead of it");
-            None
-        }
-    };
     let engine_config = EngineConfig {
         application_id: config.application_id.clone(),
         pod: args.pod_name.clone(),
@@ -387,7 +379,8 @@ fn run(args: RunArgs) -> ExitCode {
         output_topic: config.topology.output_topic.clone(),
         duplicates_topic: config.topology.duplicates_topic.clone(),
         dead_letter_topic: config.topology.dead_letter_topic.clone(),
-        changelog_topic_id,
+        // Read at each engine start (workers.rs).
+        changelog_topic_id: None,
         changelog_topic,
         check_keying: config.topology.repartition == Repartition::Never
             && config.topology.dedup_id.source != DedupIdSource::Key,

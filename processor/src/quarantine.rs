@@ -52,7 +52,7 @@ pub fn quarantine(
 fn plan(state: &StateDir, partition: i32, reason: &str, now_ms: i64) -> std::io::Result<PathBuf> {
     let target = state.quarantine_dir().join(format!("{partition}-{now_ms}"));
     std::fs::create_dir_all(&target)?;
-    write_synced(&target.join(MOVING), partition.to_string().as_bytes())?;
+    crate::checkpoint::write_atomically(&target.join(MOVING), partition.to_string().as_bytes())?;
     std::fs::write(target.join("REASON"), reason)?;
     Ok(target)
 }
@@ -126,23 +126,9 @@ impl Step {
                 Ok(())
             }
             Step::Checkpoint => crate::checkpoint::remove(&state.checkpoint_file(partition)),
-            Step::Done => match std::fs::remove_file(target.join(MOVING)) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-                _ => Ok(()),
-            },
+            Step::Done => crate::checkpoint::remove(&target.join(MOVING)),
         }
     }
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// Deletes old quarantined copies: see [`to_prune`]. `unhealthy` are the partitions without a

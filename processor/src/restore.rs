@@ -235,13 +235,6 @@ impl Restorer {
     }
 
     fn skip(&mut self, partition: i32, offset: i64, reason: &'static str) {
-        warn!(
-            topic = %self.topic,
-            partition,
-            offset,
-            reason,
-            "skipping a changelog record this processor cannot read (it did not write it)"
-        );
         let s = self.skipped.entry(partition).or_default();
         s.records += 1;
         s.last_offset = offset;

@@ -11,13 +11,12 @@
 
 use std::time::Duration;
 
-use kafka_protocol::messages::{
-    DescribeTransactionsRequest, FindCoordinatorRequest, TransactionalId,
-};
+use kafka_protocol::messages::{DescribeTransactionsRequest, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
+use rdkafka::config::ClientConfig;
 
 use crate::group::security::Security;
-use crate::group::wire::Connection;
+use crate::group::wire::{self, CoordinatorKind};
 
 /// Who ended a transaction that was fenced, by the coordinator's state of the transactional id.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,59 +42,45 @@ pub fn fence_origin(state: &str) -> FenceOrigin {
 
 /// Where to reach the coordinator, and how.
 pub struct CoordinatorClient {
-    pub bootstrap: Vec<String>,
-    pub security: Security,
-    pub client_id: String,
-    pub timeout: Duration,
+    bootstrap: Vec<String>,
+    security: Security,
+    client_id: String,
+    timeout: Duration,
 }
 
 impl CoordinatorClient {
-    /// The coordinator's `TransactionState` of `transactional_id`.
-    pub fn transaction_state(&self, transactional_id: &str) -> Result<String, String> {
-        let mut last = String::from("no bootstrap broker configured");
-        for broker in &self.bootstrap {
-            match self.ask(broker, transactional_id) {
-                Ok(state) => return Ok(state),
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
+    /// Reaches the brokers of a Kafka client configuration with its TLS and SASL settings.
+    pub fn from_client(
+        client: &ClientConfig,
+        client_id: String,
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        Ok(CoordinatorClient {
+            bootstrap: crate::group::bootstrap_servers(client),
+            security: Security::from_client(client)?,
+            client_id,
+            timeout,
+        })
     }
 
-    fn ask(&self, broker: &str, transactional_id: &str) -> Result<String, String> {
-        let open = |address: &str| {
-            Connection::open(address, &self.client_id, self.timeout, &self.security)
-                .map_err(|e| e.to_string())
+    /// The coordinator's `TransactionState` of `transactional_id`.
+    pub fn transaction_state(&self, transactional_id: &str) -> Result<String, String> {
+        let open = |brokers: &[String]| {
+            wire::open_first(brokers, &self.client_id, self.timeout, &self.security)
         };
-        let mut connection = open(broker)?;
-        let id = StrBytes::from_string(transactional_id.to_string());
-        // Version 4 and later ask and answer per key; earlier ones at the top level.
-        let batched = connection.version(kafka_protocol::messages::ApiKey::FindCoordinator) >= 4;
-        let request = if batched {
-            FindCoordinatorRequest::default().with_coordinator_keys(vec![id.clone()])
-        } else {
-            FindCoordinatorRequest::default().with_key(id.clone())
-        };
-        let found = connection
-            .send(&request.with_key_type(1))
-            .map_err(|e| e.to_string())?;
-        let (code, host, port) = match found.coordinators.first() {
-            Some(c) if batched => (c.error_code, c.host.to_string(), c.port),
-            _ => (found.error_code, found.host.to_string(), found.port),
-        };
-        if code != 0 {
-            return Err(format!(
-                "finding the transaction coordinator: error code {code}"
-            ));
-        }
-        let address = format!("{host}:{port}");
+        let mut connection = open(&self.bootstrap)?;
+        let address = connection
+            .find_coordinator(CoordinatorKind::Transaction, transactional_id)
+            .map_err(|e| e.to_string())?
+            .map_err(|code| format!("finding the transaction coordinator: error code {code}"))?;
         if address != connection.address() {
-            connection = open(&address)?;
+            connection = open(&[address])?;
         }
         let described = connection
             .send(
-                &DescribeTransactionsRequest::default()
-                    .with_transactional_ids(vec![TransactionalId(id)]),
+                &DescribeTransactionsRequest::default().with_transactional_ids(vec![
+                    TransactionalId(StrBytes::from_string(transactional_id.to_string())),
+                ]),
             )
             .map_err(|e| e.to_string())?;
         let state = described

@@ -121,6 +121,17 @@ fn supervise(mut cfg: EngineConfig, process: &Process, faults: Faults) -> Result
     let mut restarts: Vec<Instant> = Vec::new();
     let mut faults = Some(faults);
     loop {
+        // The stores are checked against the changelog as it is now: it may have been
+        // recreated since the last start (a follower's position out of the log says so).
+        cfg.changelog_topic_id = match crate::changelog::topic_id(&cfg.client, &cfg.changelog_topic)
+        {
+            Ok(id) => id,
+            Err(e) => {
+                warn!(topic = %cfg.changelog_topic, error = %e,
+                    "cannot read the changelog's topic id: a changelog recreated since a store was written is detected only when the store is ahead of it");
+                None
+            }
+        };
         let e = match run_engine(cfg.clone(), process, faults.take().unwrap_or_default()) {
             Ok(duration_ms) => return Ok(duration_ms),
             Err(e @ (EngineError::Fenced { .. } | EngineError::TopicUnusable { .. })) => {
@@ -136,11 +147,6 @@ fn supervise(mut cfg: EngineConfig, process: &Process, faults: Faults) -> Result
         warn!(error = %e, "engine failed; restarting it: staged writes are dropped and stores catch up from the changelog");
         std::thread::sleep(Duration::from_secs(1));
         process.shared.beat(cfg.thread);
-        // The changelog may have been recreated meanwhile (a follower's position out of the
-        // log says so): the stores are checked against the topic as it is now.
-        if let Ok(id) = crate::changelog::topic_id(&cfg.client, &cfg.changelog_topic) {
-            cfg.changelog_topic_id = id;
-        }
     }
 }
 

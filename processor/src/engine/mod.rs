@@ -140,8 +140,8 @@ pub struct EngineConfig {
     pub duplicates_topic: Option<String>,
     pub dead_letter_topic: String,
     pub changelog_topic: String,
-    /// The changelog topic's id at start-up (KIP-516), when the broker tells it: stores of an
-    /// earlier topic of the same name are rebuilt, not mixed with this one.
+    /// The changelog topic's id (KIP-516) when the engine started, if the broker tells it:
+    /// stores of an earlier topic of the same name are rebuilt, not mixed with this one.
     pub changelog_topic_id: Option<[u8; 16]>,
     /// The internal topic of the route stage, when the topology repartitions: the dedup
     /// tasks read it instead of the input.

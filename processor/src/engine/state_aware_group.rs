@@ -49,18 +49,6 @@ struct EngineReport {
     application_id: String,
 }
 
-impl EngineReport {
-    fn transaction_state(&self, transactional_id: &str) -> Result<String, String> {
-        CoordinatorClient {
-            bootstrap: crate::group::bootstrap_servers(&self.client),
-            security: Security::from_client(&self.client)?,
-            client_id: format!("{}-fence", self.application_id),
-            timeout: std::time::Duration::from_secs(10),
-        }
-        .transaction_state(transactional_id)
-    }
-}
-
 impl MemberState for EngineReport {
     fn report(&self) -> Report {
         self.report.lock().unwrap().clone()
@@ -90,7 +78,13 @@ impl MemberState for EngineReport {
     fn fence_departed(&self, instance_ids: &BTreeSet<String>) {
         for instance in instance_ids {
             let transactional_id = super::transactional_id(&self.application_id, instance);
-            match self.transaction_state(&transactional_id) {
+            let state = CoordinatorClient::from_client(
+                &self.client,
+                format!("{}-fence", self.application_id),
+                std::time::Duration::from_secs(10),
+            )
+            .and_then(|c| c.transaction_state(&transactional_id));
+            match state {
                 Ok(state) if state != "Ongoing" => {
                     info!(member = %instance, transactional_id, state,
                         "a departed member's transactional id has no open transaction: not fenced");

@@ -410,6 +410,13 @@ impl Engine {
                     partition: p,
                     skipped,
                 } => {
+                    warn!(
+                        partition = p,
+                        records = skipped.records,
+                        last_offset = skipped.last_offset,
+                        last_reason = skipped.last_reason,
+                        "skipped changelog records this processor cannot read (it did not write them)"
+                    );
                     self.metrics
                         .changelog_records_skipped
                         .inc_by(skipped.records);

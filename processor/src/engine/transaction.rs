@@ -20,7 +20,6 @@ use super::{
     DEFAULT_TRANSACTION_TIMEOUT, Engine, EngineConfig, EngineError, GroupConsumer,
     TXN_CALL_TIMEOUT, TXN_DEADLINE, default_property,
 };
-use crate::group::security::Security;
 use crate::group::txn_offsets::{GroupGeneration, send_offsets_to_transaction};
 use crate::kafka_errors::{TxnErrorFacts, TxnFailure, classify_commit, classify_txn, is_retriable};
 use crate::lifecycle::Event;
@@ -217,14 +216,10 @@ impl Engine {
                 started.elapsed(),
                 self.cfg.transaction_timeout(),
             );
-            if let TxnFailure::Fatal(why) = failure.clone()
-                && retriable
-            {
-                return Err(EngineError::Fatal(format!("commit: {why}")));
-            }
-            // A record Kafka refused dooms the transaction: charge it to that record.
+            // A record Kafka refused dooms the transaction: charge it to that record. Not when
+            // the commit's outcome is unknown: it may have committed, and nothing is aborted.
             let failures = self.producer.context().take_failures();
-            if !failures.is_empty() {
+            if !retriable && !failures.is_empty() {
                 return self.on_produce_errors(consumer, failures);
             }
             return self.on_txn_failure(consumer, "commit", failure);
@@ -525,15 +520,13 @@ impl Engine {
     }
 
     fn ask_coordinator(&self, transactional_id: &str) -> Result<FenceOrigin, String> {
-        let client = &self.cfg.client;
-        let coordinator = CoordinatorClient {
-            bootstrap: crate::group::bootstrap_servers(client),
-            security: Security::from_client(client).map_err(|e| e.to_string())?,
-            client_id: format!("{transactional_id}-describe"),
-            timeout: TXN_CALL_TIMEOUT,
-        };
         self.shared.beat(self.cfg.thread);
-        let state = coordinator.transaction_state(transactional_id)?;
+        let state = CoordinatorClient::from_client(
+            &self.cfg.client,
+            format!("{transactional_id}-describe"),
+            TXN_CALL_TIMEOUT,
+        )?
+        .transaction_state(transactional_id)?;
         Ok(fence_origin(&state))
     }
 }

@@ -34,15 +34,14 @@ use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
 use kafka_protocol::messages::leave_group_request::MemberIdentity;
 use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::{
-    ApiKey, FindCoordinatorRequest, GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest,
-    SyncGroupRequest,
+    ApiKey, GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, info, warn};
 
 use crate::assignment::{self, Facts, MemberAssignment};
 pub use codec::{ASSIGNOR, Assigned, RANGE, Report, Topics};
-use wire::{Connection, WireError};
+use wire::{Connection, CoordinatorKind, WireError};
 
 /// How long to wait before trying again after a failed request (a rebalance is not one).
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
@@ -195,9 +194,8 @@ pub fn after_error(code: i16) -> Next {
 /// A running membership; dropping it stops the thread without leaving the group (a static
 /// member back within the session timeout keeps its share) and without waiting for it.
 pub struct Membership {
-    stop: Arc<AtomicBool>,
     leave: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    thread: StoppableThread,
 }
 
 impl Membership {
@@ -207,42 +205,57 @@ impl Membership {
         state: Arc<dyn MemberState>,
     ) -> (Membership, Receiver<GroupEvent>) {
         let (events, receiver) = channel();
-        let stop = Arc::new(AtomicBool::new(false));
         let leave = Arc::new(AtomicBool::new(false));
-        let mut member = Member {
-            cfg,
-            state,
-            events,
-            stop: stop.clone(),
-            leave: leave.clone(),
-            connection: None,
-            member_id: String::new(),
-            generation: None,
-            last_members: BTreeSet::new(),
-            probing_due: None,
-        };
-        let thread = std::thread::Builder::new()
-            .name("group-member".into())
-            .spawn(move || member.run())
-            .expect("starting the group membership thread");
-        (
-            Membership {
+        let left = leave.clone();
+        let thread = StoppableThread::spawn("group-member", move |stop| {
+            Member {
+                cfg,
+                state,
+                events,
                 stop,
-                leave,
-                thread: Some(thread),
-            },
-            receiver,
-        )
+                leave: left,
+                connection: None,
+                member_id: String::new(),
+                generation: None,
+                last_members: BTreeSet::new(),
+                probing_due: None,
+            }
+            .run()
+        });
+        (Membership { leave, thread }, receiver)
     }
 
     /// Leaves the group (its share is reassigned at once) and stops: what a pod that goes away
     /// for good does, such as one removed by a scale-in.
     pub fn leave(mut self) {
         self.leave.store(true, Ordering::SeqCst);
-        self.stop_thread();
+        self.thread.stop_and_join();
+    }
+}
+
+/// A thread told to stop through a flag. Dropping the handle raises the flag without waiting:
+/// a request under way (a JoinGroup can take up to the rebalance timeout) ends on its own, and
+/// nothing else is sent after it.
+struct StoppableThread {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StoppableThread {
+    fn spawn(name: &str, run: impl FnOnce(Arc<AtomicBool>) + Send + 'static) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || run(flag))
+            .unwrap_or_else(|e| panic!("starting the {name} thread: {e}"));
+        StoppableThread {
+            stop,
+            thread: Some(thread),
+        }
     }
 
-    fn stop_thread(&mut self) {
+    fn stop_and_join(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -250,9 +263,7 @@ impl Membership {
     }
 }
 
-impl Drop for Membership {
-    /// Stops the thread without waiting for it: a request under way (a JoinGroup can take up
-    /// to the rebalance timeout) ends on its own, and nothing else is sent after it.
+impl Drop for StoppableThread {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(thread) = self.thread.take()
@@ -371,31 +382,18 @@ impl Member {
                         continue;
                     }
                 };
-            // Version 4 and later ask and answer per key; earlier ones at the top level.
-            let batched = connection.version(ApiKey::FindCoordinator) >= 4;
-            let group = StrBytes::from_string(self.cfg.group_id.clone());
-            let request = if batched {
-                FindCoordinatorRequest::default().with_coordinator_keys(vec![group])
-            } else {
-                FindCoordinatorRequest::default().with_key(group)
-            };
-            let response = connection.send(&request.with_key_type(0))?;
-            let (code, host, port) = match response.coordinators.first() {
-                Some(c) if batched => (c.error_code, c.host.to_string(), c.port),
-                _ => (
-                    response.error_code,
-                    response.host.to_string(),
-                    response.port,
-                ),
-            };
-            if code != 0 {
+            let address = match connection
+                .find_coordinator(CoordinatorKind::Group, &self.cfg.group_id)?
+            {
+                Ok(address) => address,
                 // Its own errors say to look again, unless the group refuses this member.
-                return Err(Failure::Retry(match after_error(code) {
-                    Next::Fail(why) => Next::Fail(format!("finding the coordinator: {why}")),
-                    _ => Next::Rediscover,
-                }));
-            }
-            let address = format!("{host}:{port}");
+                Err(code) => {
+                    return Err(Failure::Retry(match after_error(code) {
+                        Next::Fail(why) => Next::Fail(format!("finding the coordinator: {why}")),
+                        _ => Next::Rediscover,
+                    }));
+                }
+            };
             if address == connection.address() {
                 return Ok(connection);
             }
@@ -666,9 +664,9 @@ impl Member {
 
     /// Heartbeats of `generation_id` from a thread and connection of their own, until the
     /// returned value is dropped; nothing when there is no coordinator connection yet.
-    fn heartbeats(&self, generation_id: i32) -> Option<BackgroundHeartbeats> {
+    fn heartbeats(&self, generation_id: i32) -> Option<StoppableThread> {
         let coordinator = self.connection.as_ref()?.address().to_string();
-        Some(BackgroundHeartbeats::start(
+        Some(background_heartbeats(
             self.cfg.clone(),
             coordinator,
             HeartbeatRequest::default()
@@ -701,68 +699,39 @@ impl Member {
 /// for `session.timeout.ms`, rebalance or not, and Kafka's own consumer heartbeats from a
 /// thread of its own for this reason. Answers are not acted on: a rebalance in progress is
 /// what the waiting thread handles anyway, and any other error shows on its next request.
-struct BackgroundHeartbeats {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl BackgroundHeartbeats {
-    fn start(cfg: GroupConfig, coordinator: String, request: HeartbeatRequest) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("group-heartbeat".into())
-            .spawn(move || {
-                let client_id = format!("{}-heartbeat", cfg.instance_id);
-                let mut connection: Option<Connection> = None;
-                loop {
-                    let next = Instant::now() + cfg.heartbeat_interval;
-                    while Instant::now() < next {
-                        if stopped.load(Ordering::SeqCst) {
-                            return;
-                        }
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    if connection.is_none() {
-                        connection = Connection::open(
-                            &coordinator,
-                            &client_id,
-                            REQUEST_TIMEOUT,
-                            &cfg.security,
-                        )
+fn background_heartbeats(
+    cfg: GroupConfig,
+    coordinator: String,
+    request: HeartbeatRequest,
+) -> StoppableThread {
+    StoppableThread::spawn("group-heartbeat", move |stopped| {
+        let client_id = format!("{}-heartbeat", cfg.instance_id);
+        let mut connection: Option<Connection> = None;
+        loop {
+            let next = Instant::now() + cfg.heartbeat_interval;
+            while Instant::now() < next {
+                if stopped.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if connection.is_none() {
+                connection =
+                    Connection::open(&coordinator, &client_id, REQUEST_TIMEOUT, &cfg.security)
                         .map_err(|e| debug!(error = %e, "heartbeat connection failed"))
                         .ok();
-                    }
-                    if let Some(c) = connection.as_mut() {
-                        match c.send(&request) {
-                            Ok(r) => debug!(code = r.error_code, "heartbeat while waiting"),
-                            Err(e) => {
-                                debug!(error = %e, "heartbeat while waiting failed");
-                                connection = None;
-                            }
-                        }
+            }
+            if let Some(c) = connection.as_mut() {
+                match c.send(&request) {
+                    Ok(r) => debug!(code = r.error_code, "heartbeat while waiting"),
+                    Err(e) => {
+                        debug!(error = %e, "heartbeat while waiting failed");
+                        connection = None;
                     }
                 }
-            })
-            .expect("starting the heartbeat thread");
-        BackgroundHeartbeats {
-            stop,
-            thread: Some(thread),
+            }
         }
-    }
-}
-
-impl Drop for BackgroundHeartbeats {
-    /// Stops the heartbeats without waiting for a request under way (it ends by itself, and
-    /// nothing is sent after it).
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take()
-            && t.is_finished()
-        {
-            let _ = t.join();
-        }
-    }
+    })
 }
 
 /// A shared, settable [`MemberState`]: what the tests hand a membership (the engine reports

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader,
-    SaslAuthenticateRequest, SaslHandshakeRequest,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, FindCoordinatorRequest, RequestHeader,
+    ResponseHeader, SaslAuthenticateRequest, SaslHandshakeRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use rustls::pki_types::ServerName;
@@ -74,6 +74,30 @@ pub enum WireError {
     /// it is fixed.
     #[error("{address}: {detail}")]
     Security { address: String, detail: String },
+}
+
+/// What FindCoordinator looks up (its `key_type`).
+#[derive(Clone, Copy, Debug)]
+pub enum CoordinatorKind {
+    Group = 0,
+    Transaction = 1,
+}
+
+/// The first of `bootstrap` (host:port) that opens a connection; the last failure otherwise.
+pub fn open_first(
+    bootstrap: &[String],
+    client_id: &str,
+    timeout: Duration,
+    security: &Security,
+) -> Result<Connection, String> {
+    let mut last = String::from("no bootstrap broker configured");
+    for broker in bootstrap {
+        match Connection::open(broker, client_id, timeout, security) {
+            Ok(c) => return Ok(c),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(last)
 }
 
 /// The byte stream under the protocol: TCP, or TLS over it.
@@ -277,6 +301,37 @@ impl Connection {
                 what: "setting the socket timeout",
                 source,
             })
+    }
+
+    /// The coordinator of `key` (a group, or a transactional id): `Ok(Ok(host:port))`, or the
+    /// error code the broker answered with.
+    pub fn find_coordinator(
+        &mut self,
+        kind: CoordinatorKind,
+        key: &str,
+    ) -> Result<Result<String, i16>, WireError> {
+        let key = StrBytes::from_string(key.to_string());
+        // Version 4 and later ask and answer per key; earlier ones at the top level.
+        let batched = self.version(ApiKey::FindCoordinator) >= 4;
+        let request = if batched {
+            FindCoordinatorRequest::default().with_coordinator_keys(vec![key])
+        } else {
+            FindCoordinatorRequest::default().with_key(key)
+        };
+        let response = self.send(&request.with_key_type(kind as i8))?;
+        let (code, host, port) = match response.coordinators.first() {
+            Some(c) if batched => (c.error_code, c.host.to_string(), c.port),
+            _ => (
+                response.error_code,
+                response.host.to_string(),
+                response.port,
+            ),
+        };
+        Ok(if code == 0 {
+            Ok(format!("{host}:{port}"))
+        } else {
+            Err(code)
+        })
     }
 
     /// Whether the broker speaks `key` at a version this module does (an optional API).
