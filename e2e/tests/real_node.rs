@@ -440,7 +440,9 @@ async fn a_rocksdb_change_rolls_the_pods_one_at_a_time_each_ready_only_after_res
 async fn kubectl_scale_moves_partitions_steps_in_one_pod_at_a_time_keeps_exactly_once_and_claims_follow_the_policy()
  {
     let s = Scenario::start("scale", 4).await;
-    let mut app = s.example();
+    // A session timeout far longer than a scale-in step: the pods scaled away must leave the
+    // group when they are gone (the operator removes their static members), not expire.
+    let mut app = with_session_timeout(s.example(), 120_000);
     app["spec"]["storage"]["retentionPolicy"] =
         serde_yaml::from_str("{whenDeleted: Retain, whenScaled: Delete}").unwrap();
     s.apply(&app);
@@ -510,6 +512,31 @@ async fn kubectl_scale_moves_partitions_steps_in_one_pod_at_a_time_keeps_exactly
         [3, 2, 1],
         "the StatefulSet's replicas during the scale-in"
     );
+    // The scaled-away pods' static members were removed from the group, not left to expire
+    // with the session timeout (two minutes here): the group holds only the remaining pod.
+    let group = s.application_id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while testbed::kafka::group_members(&group) != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "consumer group {group} still has {} members 30 s after the scale-in to 1 (the session timeout is 120 s)",
+            testbed::kafka::group_members(&group)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let removed = s.kubectl(&[
+        "get",
+        "events",
+        "--field-selector=reason=RemovedGroupMembers",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    for pod in [pod_name(1), pod_name(2)] {
+        assert!(
+            removed.contains(&format!("{pod} ")) || removed.contains(&format!("{pod},")),
+            "an Event says {pod}'s member was removed from the group: {removed:?}"
+        );
+    }
     assert!(
         reasons.iter().any(|r| r == "ScalingIn"),
         "the status said the scale-in waited: {reasons:?}"

@@ -18,6 +18,9 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use streamapp_api::crd::StreamApp;
+use streamapp_kafka_wire::{
+    Connection, CoordinatorKind, Security, bootstrap_servers, groups, open_coordinator,
+};
 
 /// Timeout of each broker request.
 const REQUEST: Duration = Duration::from_secs(3);
@@ -75,6 +78,9 @@ pub struct Observation {
     pub repartition_committed: Vec<Option<i64>>,
     /// The consumer group's state (`Empty`, `Stable`, `Dead`, ...), when it could be read.
     pub group_state: Option<String>,
+    /// The instance ids of the group's static members (the processors' threads), or why
+    /// they could not be read.
+    pub static_members: Result<Vec<String>, String>,
 }
 
 /// A client configuration for one StreamApp's brokers.
@@ -221,7 +227,53 @@ impl Kafka {
             repartition_ends,
             repartition_committed,
             group_state,
+            static_members: self
+                .group_coordinator(group)
+                .and_then(|mut c| groups::static_members(&mut c, group)),
         })
+    }
+
+    /// A connection of our own to `group`'s coordinator, for the requests librdkafka does not
+    /// send.
+    fn group_coordinator(&self, group: &str) -> Result<Connection, String> {
+        open_coordinator(
+            &bootstrap_servers(&self.config),
+            "streamapp-operator",
+            REQUEST,
+            &Security::from_client(&self.config)?,
+            CoordinatorKind::Group,
+            group,
+        )
+    }
+
+    /// Removes the static members `instance_ids` from `group` (their pods are gone for good),
+    /// so the group rebalances now rather than after the session timeout. Returns the ids
+    /// removed; one that was no longer a member is not among them.
+    pub async fn remove_static_members(
+        &self,
+        group: String,
+        instance_ids: Vec<String>,
+    ) -> Result<Vec<String>, String> {
+        let kafka = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut coordinator = kafka.group_coordinator(&group)?;
+            let answers = groups::remove_static_members(&mut coordinator, &group, &instance_ids)?;
+            let mut removed = Vec::new();
+            for (id, code) in answers {
+                match code {
+                    0 => removed.push(id),
+                    groups::UNKNOWN_MEMBER_ID => {}
+                    code => {
+                        return Err(format!(
+                            "removing member {id} of consumer group {group}: error code {code}"
+                        ));
+                    }
+                }
+            }
+            Ok(removed)
+        })
+        .await
+        .map_err(|e| format!("the Kafka client panicked: {e}"))?
     }
 
     /// The end offset of each of `topic`'s `partitions` and what `group` committed there.

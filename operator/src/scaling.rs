@@ -14,6 +14,7 @@
 //! and the pod's own problem shows in the conditions. Pods without a report (the agent is
 //! disabled, or has not written yet) are not waited for.
 
+use streamapp_api::config::pod_of_group_member;
 use streamapp_api::crd::PodStateStatus;
 
 use crate::owned::pod_ordinal;
@@ -110,6 +111,28 @@ pub fn next_step(
         }
     }
     go(live - 1)
+}
+
+/// The static members of the app's consumer group (`members`: their instance ids) that
+/// belong to pods a scale-in removed for good: an ordinal at or past `replicas` (the
+/// StatefulSet's) and no pod object left (`pods`: the names of the app's pods, terminating
+/// ones included: a pod still draining commits as that member first). A static member that
+/// goes away without leaving keeps its partitions until the session timeout, as a restarted
+/// pod should; one whose pod will not come back is removed so the group rebalances at once.
+pub fn departed_members(
+    app: &str,
+    replicas: i32,
+    members: &[String],
+    pods: &[String],
+) -> Vec<String> {
+    members
+        .iter()
+        .filter(|member| {
+            let pod = pod_of_group_member(member);
+            pod_ordinal(app, pod).is_some_and(|o| o >= replicas) && !pods.iter().any(|p| p == pod)
+        })
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -235,5 +258,43 @@ mod tests {
             pod("orders-eu-0", true, &[(0, "Restoring")]),
         ];
         assert_eq!(step(Some(2), 1, &reports).replicas, 1);
+    }
+
+    #[test]
+    fn only_members_of_pods_scaled_away_and_gone_are_departed() {
+        let members: Vec<String> = [
+            "orders-0",
+            "orders-1",
+            "orders-1-thread-1",
+            "orders-2",
+            "orders-2-thread-1",
+            "orders-3",
+            "other-5",
+        ]
+        .map(String::from)
+        .to_vec();
+        let pods = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        // Scaled to 2: orders-2 and orders-3 are gone, both threads of orders-2 go.
+        assert_eq!(
+            departed_members("orders", 2, &members, &pods(&["orders-0", "orders-1"])),
+            ["orders-2", "orders-2-thread-1", "orders-3"]
+        );
+        // orders-3 is still terminating (draining): it stays until its pod is gone.
+        assert_eq!(
+            departed_members(
+                "orders",
+                2,
+                &members,
+                &pods(&["orders-0", "orders-1", "orders-3"])
+            ),
+            ["orders-2", "orders-2-thread-1"]
+        );
+        // A pod that restarts within the replicas keeps its share: it comes back.
+        assert!(departed_members("orders", 4, &members, &pods(&["orders-0"])).is_empty());
+        // Scaled to zero (stopped, or reset): every member whose pod is gone.
+        assert_eq!(
+            departed_members("orders", 0, &members, &[]),
+            members[..6].to_vec()
+        );
     }
 }

@@ -173,3 +173,131 @@ async fn the_consumer_groups_lag_is_in_the_status_and_in_kubectl_get() {
     })
     .await;
 }
+
+/// A processor's static group membership as a pod holds it (nothing processes on the fake
+/// node): a consumer with `group.instance.id` polling on a thread until it is killed, which,
+/// like a pod that goes away, leaves the group without a LeaveGroup.
+struct StaticMember {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StaticMember {
+    fn join(group: &str, instance: &str, topic: &str) -> StaticMember {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = kafka::client_config()
+            .set("group.id", group)
+            .set("group.instance.id", instance)
+            // Far longer than the test: a member removed by the operator was not expired.
+            .set("session.timeout.ms", "300000")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[topic]).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                consumer.poll(Duration::from_millis(100));
+            }
+        });
+        StaticMember {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn kill(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap();
+    }
+}
+
+/// The group's static members (instance ids), as its coordinator lists them.
+fn static_members(group: &str) -> Vec<String> {
+    use streamapp_kafka_wire::{CoordinatorKind, Security, groups, open_coordinator};
+    let mut coordinator = open_coordinator(
+        &[kafka::bootstrap()],
+        "test",
+        Duration::from_secs(10),
+        &Security::default(),
+        CoordinatorKind::Group,
+        group,
+    )
+    .unwrap();
+    let mut members = groups::static_members(&mut coordinator, group).unwrap();
+    members.sort();
+    members
+}
+
+#[tokio::test]
+async fn a_scale_in_removes_the_scaled_away_pods_group_members_instead_of_letting_them_expire() {
+    with_operator("departed", |client, ns| async move {
+        let t = topics("departed");
+        for (topic, partitions) in [(&t.input, 3), (&t.output, 3), (&t.dlq, 1)] {
+            kafka::create_topic(topic, partitions).await;
+        }
+        create(&client, &ns, app_json("orders", 3, &t)).await;
+        let group = format!("{ns}.orders");
+        let members: Vec<StaticMember> = ["orders-0", "orders-1", "orders-2"]
+            .iter()
+            .map(|pod| StaticMember::join(&group, pod, &t.input))
+            .collect();
+        eventually(Duration::from_secs(60), "three static members", || async {
+            (static_members(&group).len() == 3).then_some(())
+        })
+        .await;
+        // The pods scaled away die with their members; the group keeps them (static
+        // membership) until the session timeout of five minutes.
+        let mut members = members.into_iter();
+        let first = members.next().unwrap();
+        members.for_each(StaticMember::kill);
+        patch_spec(&client, &ns, "orders", serde_json::json!({ "replicas": 1 })).await;
+        eventually(
+            Duration::from_secs(60),
+            "the members of the scaled-away pods removed from the group",
+            || async { (static_members(&group) == ["orders-0"]).then_some(()) },
+        )
+        .await;
+        // One Event per removal: both pods in one, or one each when the operator saw them go
+        // one at a time. Published after the removal: looked for until they are there.
+        let removed_in_events = || {
+            let events = testbed::kube::kubectl_ok(
+                &[
+                    "get",
+                    "events",
+                    "-n",
+                    &ns,
+                    "--field-selector=reason=RemovedGroupMembers",
+                    "-o",
+                    "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+                ],
+                None,
+            );
+            let mut removed: Vec<String> = events
+                .lines()
+                .filter_map(|m| {
+                    m.strip_prefix("removed ")?
+                        .split_once(" from consumer group ")
+                })
+                .inspect(|(_, rest)| assert!(rest.starts_with(&group), "{events}"))
+                .flat_map(|(pods, _)| pods.split(", ").map(String::from))
+                .collect();
+            removed.sort();
+            removed
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let removed = removed_in_events();
+            if removed == ["orders-1", "orders-2"] {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "Events name orders-1 and orders-2 as removed, found {removed:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        first.kill();
+    })
+    .await;
+}

@@ -137,11 +137,11 @@ pub fn topic_id(client: &ClientConfig, topic: &str) -> Result<Option<[u8; 16]>, 
     use kafka_protocol::messages::{ApiKey, MetadataRequest, TopicName};
     use kafka_protocol::protocol::StrBytes;
 
-    let mut connection = crate::group::wire::open_first(
-        &crate::group::bootstrap_servers(client),
+    let mut connection = streamapp_kafka_wire::open_first(
+        &streamapp_kafka_wire::bootstrap_servers(client),
         &format!("{topic}-id"),
         Duration::from_secs(10),
-        &crate::group::security::Security::from_client(client)?,
+        &streamapp_kafka_wire::Security::from_client(client)?,
     )?;
     if !connection.speaks(ApiKey::Metadata) {
         return Ok(None);

@@ -15,8 +15,7 @@ use kafka_protocol::messages::{DescribeTransactionsRequest, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
 use rdkafka::config::ClientConfig;
 
-use crate::group::security::Security;
-use crate::group::wire::{self, CoordinatorKind};
+use streamapp_kafka_wire::{self as wire, CoordinatorKind, Security};
 
 /// Who ended a transaction that was fenced, by the coordinator's state of the transactional id.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,7 +55,7 @@ impl CoordinatorClient {
         timeout: Duration,
     ) -> Result<Self, String> {
         Ok(CoordinatorClient {
-            bootstrap: crate::group::bootstrap_servers(client),
+            bootstrap: wire::bootstrap_servers(client),
             security: Security::from_client(client)?,
             client_id,
             timeout,
@@ -65,17 +64,14 @@ impl CoordinatorClient {
 
     /// The coordinator's `TransactionState` of `transactional_id`.
     pub fn transaction_state(&self, transactional_id: &str) -> Result<String, String> {
-        let open = |brokers: &[String]| {
-            wire::open_first(brokers, &self.client_id, self.timeout, &self.security)
-        };
-        let mut connection = open(&self.bootstrap)?;
-        let address = connection
-            .find_coordinator(CoordinatorKind::Transaction, transactional_id)
-            .map_err(|e| e.to_string())?
-            .map_err(|code| format!("finding the transaction coordinator: error code {code}"))?;
-        if address != connection.address() {
-            connection = open(&[address])?;
-        }
+        let mut connection = wire::open_coordinator(
+            &self.bootstrap,
+            &self.client_id,
+            self.timeout,
+            &self.security,
+            CoordinatorKind::Transaction,
+            transactional_id,
+        )?;
         let described = connection
             .send(
                 &DescribeTransactionsRequest::default().with_transactional_ids(vec![

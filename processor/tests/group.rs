@@ -20,7 +20,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
-use streamapp_processor::group::security::Security;
+use streamapp_kafka_wire::Security;
 use streamapp_processor::group::txn_offsets::{GroupGeneration, send_offsets_to_transaction};
 use streamapp_processor::group::{
     Generation, GroupConfig, GroupEvent, Membership, Report, SharedState,

@@ -1,4 +1,4 @@
-//! The group membership's own connections (`processor/src/group/wire.rs`, `security.rs`)
+//! The group membership's own connections (`kafka-wire/`: `connection.rs`, `security.rs`)
 //! against the broker's SASL_SSL listener (dev/kafka.sh): TLS checked against the test bed's
 //! CA, then each SASL mechanism the membership speaks; wrong passwords and a CA that did not
 //! sign the broker's certificate are refused, saying why.
@@ -8,8 +8,8 @@ use std::time::Duration;
 use kafka_protocol::messages::FindCoordinatorRequest;
 use kafka_protocol::protocol::StrBytes;
 use rdkafka::config::ClientConfig;
-use streamapp_processor::group::security::Security;
-use streamapp_processor::group::wire::{Connection, WireError};
+use streamapp_kafka_wire::Security;
+use streamapp_kafka_wire::{Connection, WireError};
 use testbed::kafka::{self, SecureListener};
 
 // Generous: the first TLS handshake of a freshly started broker JVM is slow.

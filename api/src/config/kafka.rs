@@ -167,3 +167,38 @@ pub const RESERVED_KAFKA_PROPERTIES: &[&str] = &[
     "partition.assignment.strategy",
     "enable.partition.eof",
 ];
+
+/// The consumer group member (`group.instance.id`, static membership) of processing thread
+/// `thread` of pod `pod`: the pod name for the first thread, as with one thread, and
+/// `<pod>-thread-<n>` for the others. The transactional ids derive from it.
+pub fn group_member(pod: &str, thread: usize) -> String {
+    match thread {
+        0 => pod.to_string(),
+        n => format!("{pod}-thread-{n}"),
+    }
+}
+
+/// The pod a group member (by [`group_member`]'s naming) runs in.
+pub fn pod_of_group_member(member: &str) -> &str {
+    match member.rsplit_once("-thread-") {
+        Some((pod, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => pod,
+        _ => member,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_member_names_its_pod_and_the_pod_is_found_again() {
+        for (pod, thread) in [("orders-0", 0), ("orders-0", 1), ("orders-12", 3)] {
+            assert_eq!(pod_of_group_member(&group_member(pod, thread)), pod);
+        }
+        assert_eq!(group_member("orders-0", 0), "orders-0");
+        assert_eq!(group_member("orders-0", 2), "orders-0-thread-2");
+        // An app whose own name contains the word is not cut short.
+        assert_eq!(pod_of_group_member("my-thread-app-1"), "my-thread-app-1");
+        assert_eq!(pod_of_group_member("x-thread-1-0"), "x-thread-1-0");
+    }
+}

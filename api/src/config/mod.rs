@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 use crate::units::parse_duration;
 
 pub use kafka::{
-    KafkaClient, MembershipConnection, RESERVED_KAFKA_PROPERTIES, SaslMechanism,
-    membership_connection,
+    KafkaClient, MembershipConnection, RESERVED_KAFKA_PROPERTIES, SaslMechanism, group_member,
+    membership_connection, pod_of_group_member,
 };
 pub use rocksdb::{
     CompactionStyle, Compression, PROCESS_BASE_BYTES, ResolvedRocksDb, RocksDbProfile,

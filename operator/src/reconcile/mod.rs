@@ -453,6 +453,7 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
     }
     write_status(ctx, app, status).await?;
     prune_pod_reports(ctx, app, &pods).await?;
+    operations::remove_departed_members(ctx, app, &kafka, seen.as_ref(), replicas, &pods).await;
     Ok(match reset_plan.action {
         // A reset waits for pods, the group and Kafka: look again soon.
         reset::Action::None if !kafka_trouble => Action::requeue(REQUEUE),

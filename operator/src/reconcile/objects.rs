@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
@@ -403,6 +403,18 @@ where
 
 /// Publishes an event on the StreamApp; a failure is logged, never fails the reconcile.
 pub(super) async fn publish(ctx: &Context, app: &StreamApp, notice: Notice) {
+    publish_related(ctx, app, notice, None).await
+}
+
+/// [`publish`] with a second object the event is about (`related`). Events of the same reason
+/// are one series per regarding and related object, shown with the first one's message: an
+/// event per pod needs the pod as its related object.
+pub(super) async fn publish_related(
+    ctx: &Context,
+    app: &StreamApp,
+    notice: Notice,
+    related: Option<ObjectReference>,
+) {
     let event = Event {
         type_: if notice.warning {
             EventType::Warning
@@ -412,7 +424,7 @@ pub(super) async fn publish(ctx: &Context, app: &StreamApp, notice: Notice) {
         reason: notice.reason.to_string(),
         note: Some(notice.note),
         action: "Reconcile".into(),
-        secondary: None,
+        secondary: related,
     };
     if let Err(e) = ctx.recorder.publish(&event, &app.object_ref(&())).await {
         warn!(app = %app.name_any(), reason = %event.reason, error = %e, "could not publish event");

@@ -5,21 +5,23 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
+use streamapp_api::config::pod_of_group_member;
 use streamapp_api::crd::StreamApp;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::Context;
-use super::objects::publish;
+use super::objects::{publish, publish_related};
 use crate::cleanup::{self, FINALIZER, Step};
 use crate::error::{Error, Result};
 use crate::events::Notice;
 use crate::kafka::{self, Kafka, Observation};
 use crate::processor_config::application_id;
 use crate::reset;
+use crate::scaling;
 use crate::status::KafkaFinding;
 
 /// A StreamApp in the operator's per-app tables: (namespace, name).
@@ -91,6 +93,12 @@ impl KafkaViews {
             (false, false) => FAILED_VIEW_TTL,
         };
         (at.elapsed() < ttl).then(|| seen.clone())
+    }
+
+    /// Drops the last look, after the operator changed what it saw.
+    fn forget(&self, app: &StreamApp) {
+        let key = (app.namespace().unwrap_or_default(), app.name_any());
+        self.last.lock().unwrap().remove(&key);
     }
 
     fn put(&self, app: &StreamApp, seen: std::result::Result<Observation, String>) {
@@ -174,6 +182,74 @@ pub(super) async fn observe(
             };
             (Some(seen), finding)
         }
+    }
+}
+
+/// Removes from the consumer group the static members of pods a scale-in took away for good
+/// ([`scaling::departed_members`] decides which), so their partitions move now instead of after
+/// the session timeout, and says so in an Event. Best effort: a failure is logged, and the
+/// members then expire with the session timeout as they would have.
+pub(super) async fn remove_departed_members(
+    ctx: &Context,
+    app: &StreamApp,
+    kafka: &std::result::Result<Kafka, String>,
+    seen: Option<&Observation>,
+    replicas: i32,
+    pods: &[Pod],
+) {
+    let (Ok(kafka), Some(seen)) = (kafka, seen) else {
+        return;
+    };
+    let members = match &seen.static_members {
+        Ok(members) => members,
+        Err(why) => {
+            debug!(app = %app.name_any(), error = %why, "could not list the group's static members");
+            return;
+        }
+    };
+    let pods: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let departed = scaling::departed_members(&app.name_any(), replicas, members, &pods);
+    if departed.is_empty() {
+        return;
+    }
+    let group = application_id(app);
+    match kafka.remove_static_members(group.clone(), departed).await {
+        Ok(removed) => {
+            // The last look still lists them: look again rather than remove them twice.
+            ctx.kafka_views.forget(app);
+            if removed.is_empty() {
+                return;
+            }
+            info!(app = %app.name_any(), members = ?removed, "removed the group members of pods that were scaled away");
+            let mut by_pod: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for member in &removed {
+                by_pod
+                    .entry(pod_of_group_member(member))
+                    .or_default()
+                    .push(member);
+            }
+            for (pod, members) in by_pod {
+                let note = format!(
+                    "removed {} from consumer group {group}: pod {pod} was scaled away, so its partitions move now rather than after the session timeout",
+                    members.join(", ")
+                );
+                let notice = Notice {
+                    warning: false,
+                    reason: "RemovedGroupMembers",
+                    note,
+                };
+                let related = ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(pod.to_string()),
+                    namespace: app.namespace(),
+                    ..Default::default()
+                };
+                publish_related(ctx, app, notice, Some(related)).await;
+            }
+        }
+        Err(why) => warn!(app = %app.name_any(), error = %why,
+            "removing the group members of pods that were scaled away failed; they leave with the session timeout"),
     }
 }
 

@@ -19,13 +19,13 @@ use tracing::{info, warn};
 use super::membership::Share;
 use super::{Engine, EngineConfig, EngineError, GroupConsumer};
 use crate::checkpoint;
-use crate::group::security::Security;
 use crate::group::txn_offsets::GroupGeneration;
 use crate::group::{Generation, GroupConfig, GroupEvent, MemberState, Membership, Report};
 use crate::restore::ChangelogEnds;
 use crate::state_dir::StateDir;
 use crate::store::{ChangelogIdentity, changelog_offset_on_disk};
 use crate::txn_coordinator::CoordinatorClient;
+use streamapp_kafka_wire::Security;
 
 /// The membership and what the engine keeps of it.
 pub(super) struct StateAwareGroup {
@@ -145,7 +145,7 @@ impl StateAwareGroup {
             client: cfg.client.clone(),
             application_id: cfg.application_id.clone(),
         });
-        let bootstrap = crate::group::bootstrap_servers(client);
+        let bootstrap = streamapp_kafka_wire::bootstrap_servers(client);
         let timing = cfg.group.timing;
         let (membership, events) = Membership::start(
             GroupConfig {

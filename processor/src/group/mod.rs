@@ -17,10 +17,7 @@
 //! What to do after a failed request is decided by [`after_error`], a pure function.
 
 mod codec;
-mod scram;
-pub mod security;
 pub mod txn_offsets;
-pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,7 +38,7 @@ use tracing::{debug, info, warn};
 
 use crate::assignment::{self, Facts, MemberAssignment};
 pub use codec::{ASSIGNOR, Assigned, RANGE, Report, Topics};
-use wire::{Connection, CoordinatorKind, WireError};
+use streamapp_kafka_wire::{Connection, CoordinatorKind, WireError};
 
 /// How long to wait before trying again after a failed request (a rebalance is not one).
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
@@ -72,19 +69,7 @@ pub struct GroupConfig {
     /// A store this many records behind its changelog end counts as caught up.
     pub acceptable_lag: u64,
     /// TLS and SASL of the connections, as the processor's Kafka clients have them.
-    pub security: security::Security,
-}
-
-/// The brokers of a client configuration's `bootstrap.servers` (host:port), as this module's
-/// own connections reach them.
-pub fn bootstrap_servers(client: &rdkafka::config::ClientConfig) -> Vec<String> {
-    client
-        .get("bootstrap.servers")
-        .unwrap_or_default()
-        .split(',')
-        .map(|b| b.trim().to_string())
-        .filter(|b| !b.is_empty())
-        .collect()
+    pub security: streamapp_kafka_wire::Security,
 }
 
 impl GroupConfig {

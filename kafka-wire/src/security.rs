@@ -1,10 +1,10 @@
-//! How the membership's own broker connections are secured: the same TLS and SASL settings as
-//! the processor's librdkafka clients (`security.protocol`, `sasl.*`, `ssl.*` in its client
-//! configuration), so a user configures the connection once.
+//! How these connections are secured: the same TLS and SASL settings as the program's
+//! librdkafka clients (`security.protocol`, `sasl.*`, `ssl.*` in its client configuration), so
+//! a user configures the connection once.
 //!
 //! Supported: `security.protocol` `plaintext`, `ssl`, `sasl_plaintext` and `sasl_ssl`; SASL
 //! mechanisms `PLAIN`, `SCRAM-SHA-256` and `SCRAM-SHA-512` (Kafka's SaslHandshake and
-//! SaslAuthenticate requests, [`super::scram`]); TLS through rustls with the CA (or, without
+//! SaslAuthenticate requests, [`crate::scram`]); TLS through rustls with the CA (or, without
 //! one, the system's CA store, as librdkafka) and the client certificate and key from PEM
 //! files or inline PEM, the broker's certificate checked against
 //! the host name or IP address connected to (librdkafka's default). What it cannot do is

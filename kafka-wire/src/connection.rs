@@ -1,12 +1,12 @@
 //! One connection to a broker, speaking the Kafka wire protocol through the `kafka-protocol`
 //! crate's messages: a size-prefixed request with its header, the response read back. Blocking
-//! and one request at a time: the membership thread has nothing else to do meanwhile.
+//! and one request at a time: its callers (a membership thread, the operator's blocking pool) wait.
 //!
 //! The versions of each API are the highest both sides support, up to the newest this module
 //! was written against ([`OURS`]), learnt with ApiVersions when the connection opens. With TLS
 //! the connection is a rustls stream; with SASL it authenticates right after ApiVersions
 //! (SaslHandshake, then SaslAuthenticate rounds), as Kafka's own clients do
-//! ([`super::security`]).
+//! ([`crate::security`]).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -22,8 +22,8 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use rustls::pki_types::ServerName;
 
-use super::scram::Scram;
-use super::security::{Sasl, Security};
+use crate::scram::Scram;
+use crate::security::{Sasl, Security};
 use streamapp_api::config::SaslMechanism;
 
 /// The versions of each API this module speaks: from the first with what static membership
@@ -39,11 +39,14 @@ const OURS: [(ApiKey, i16, i16); 5] = [
 
 /// APIs negotiated when the broker speaks them, without which the connection still works:
 /// DescribeTransactions (Kafka 3.0, KIP-664) tells a zombie from a transaction the
-/// coordinator timed out ([`crate::txn_coordinator`]); Metadata from version 10 (Kafka 2.8,
-/// KIP-516) gives a topic's id ([`crate::changelog::topic_id`]).
-const OPTIONAL: [(ApiKey, i16, i16); 2] = [
+/// coordinator timed out (the processor's `txn_coordinator`); Metadata from version 10 (Kafka 2.8,
+/// KIP-516) gives a topic's id (the processor's `changelog::topic_id`); DescribeGroups from
+/// version 4 (static members' instance ids) finds the members the operator removes after a
+/// scale-in.
+const OPTIONAL: [(ApiKey, i16, i16); 3] = [
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::Metadata, 10, 12),
+    (ApiKey::DescribeGroups, 4, 6),
 ];
 
 /// The SASL APIs, negotiated only when the connection authenticates: SaslHandshake v1 (the
@@ -98,6 +101,27 @@ pub fn open_first(
         }
     }
     Err(last)
+}
+
+/// A connection to the coordinator of `key` (a group, or a transactional id), found through the
+/// first of `bootstrap` that answers.
+pub fn open_coordinator(
+    bootstrap: &[String],
+    client_id: &str,
+    timeout: Duration,
+    security: &Security,
+    kind: CoordinatorKind,
+    key: &str,
+) -> Result<Connection, String> {
+    let mut connection = open_first(bootstrap, client_id, timeout, security)?;
+    let address = connection
+        .find_coordinator(kind, key)
+        .map_err(|e| e.to_string())?
+        .map_err(|code| format!("finding the coordinator of {key}: error code {code}"))?;
+    if address == connection.address() {
+        return Ok(connection);
+    }
+    open_first(&[address], client_id, timeout, security)
 }
 
 /// The byte stream under the protocol: TCP, or TLS over it.
