@@ -33,6 +33,10 @@ pub struct RunArgs {
     /// This pod's name: the key of the entry in status.pods.
     #[arg(long, env = "POD_NAME")]
     pub pod_name: String,
+    /// This pod's UID (the downward API's `metadata.uid`), in every entry: it tells this pod's
+    /// reports from those of an older pod of the same name.
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
     /// Namespace of the pod and its StreamApp.
     #[arg(long, env = "POD_NAMESPACE")]
     pub namespace: String,

@@ -58,6 +58,7 @@ pub fn pod_status(
 
     let mut status = PodStateStatus {
         name: pod.to_string(),
+        uid: None,
         reported_at: Some(rfc3339(now_ms)),
         phase: Some(phase.to_string()),
         processor_up: probes.healthz,

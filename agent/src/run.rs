@@ -64,7 +64,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
             StateLayout::new(&args.state_dir, args.wal_dir.clone()),
             args.processor_port,
         ),
-        writer: StatusWriter::new(client.clone(), &args.namespace, &args.app, &args.pod_name),
+        writer: StatusWriter::new(client.clone(), &args.namespace, &args.app, &args.pod_name)
+            .with_uid(args.pod_uid.clone()),
         events: StoreEvents::new(
             client,
             &args.namespace,

@@ -34,6 +34,9 @@ pub struct StatusWriter {
     namespace: String,
     app: String,
     pod: String,
+    /// The pod's UID, written into the entry: the operator ignores and removes an entry whose
+    /// UID is not the one of the pod of that name that exists now.
+    uid: Option<String>,
     params: PatchParams,
 }
 
@@ -44,20 +47,31 @@ impl StatusWriter {
             namespace: namespace.into(),
             app: app.into(),
             pod: pod.into(),
+            uid: None,
             // Force: this agent is the only authority on its pod's entry; should another
             // manager have touched it, the agent's view wins instead of a conflict forever.
             params: PatchParams::apply(&field_manager(pod)).force(),
         }
     }
 
-    /// Applies `entry` (whose `name` must be this writer's pod).
+    /// Writes the pod's UID into every entry.
+    pub fn with_uid(mut self, uid: Option<String>) -> Self {
+        self.uid = uid;
+        self
+    }
+
+    /// Applies `entry` (whose `name` must be this writer's pod), with this pod's UID.
     pub async fn write(&self, entry: &PodStateStatus) -> Result<()> {
         debug_assert_eq!(entry.name, self.pod);
+        let entry = PodStateStatus {
+            uid: self.uid.clone().or_else(|| entry.uid.clone()),
+            ..entry.clone()
+        };
         self.api
             .patch_status(
                 &self.app,
                 &self.params,
-                &Patch::Apply(apply_body(&self.app, entry)),
+                &Patch::Apply(apply_body(&self.app, &entry)),
             )
             .await
             .map(|_| ())

@@ -574,6 +574,11 @@ pub struct ResetStatus {
 pub struct PodStateStatus {
     /// Pod name.
     pub name: String,
+    /// The UID of the pod whose agent wrote this entry. A pod of the same name made since (one
+    /// replaced while its node was away) has another UID: the entry is then stale, and the
+    /// operator neither counts it nor keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
     /// When the agent wrote this entry (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reported_at: Option<String>,

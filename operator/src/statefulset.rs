@@ -363,6 +363,7 @@ fn agent_container(app: &StreamApp) -> Container {
     let agent = spec.agent.clone().unwrap_or_default();
     let mut env = vec![
         field_env("POD_NAME", "metadata.name"),
+        field_env("POD_UID", "metadata.uid"),
         field_env("POD_NAMESPACE", "metadata.namespace"),
         plain_env("STREAMAPP_NAME", &app.name_any()),
         plain_env("STREAMAPP_STATE_DIR", STATE_DIR),

@@ -4,6 +4,7 @@
 //! [`compute_status`] is a pure function; the reconciler writes its result with server-side
 //! apply. It never returns `pods`: each agent owns its own entry there.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -68,6 +69,9 @@ pub struct Findings {
     pub reset: Option<streamapp_api::crd::ResetStatus>,
     /// A scale-in waiting for the remaining pods to hold the state (see `scaling`).
     pub scale_in: Option<String>,
+    /// The UID of each of the app's pods that exists, by name: a report written by another
+    /// pod of the same name is stale ([`report_is_stale`]).
+    pub pod_uids: BTreeMap<String, String>,
 }
 
 /// What the operator saw of a StreamApp's Kafka (see [`crate::kafka`]).
@@ -146,7 +150,7 @@ pub fn compute_status(
         .as_ref()
         .is_some_and(|w| w.rolling_out || w.scaling);
 
-    let reports = current_reports(app);
+    let reports = current_reports(app, &findings.pod_uids);
     let state = state_health(&reports, desired);
 
     let previous_progressing = find(&previous.conditions, PROGRESSING);
@@ -625,31 +629,49 @@ fn oldest_checkpoint(reports: &[&PodStateStatus]) -> Option<Time> {
         .map(Time)
 }
 
-/// Entries of `status.pods` to remove, with their index: those of pods beyond `spec.replicas`
-/// that no longer exist (scaled away; their agents wrote a last report and are gone). The
-/// entry of a pod that still runs, even one shutting down, stays.
-pub fn stale_pod_reports(app: &StreamApp, existing_pods: &[String]) -> Vec<(usize, String)> {
+/// Whether `report` was written by another pod than the one of its name that exists now
+/// (`pod_uids`: UID by pod name): an old pod's agent on a node that came back, writing over
+/// its replacement's entry. A report without a UID (an older agent) is taken as it is.
+pub fn report_is_stale(report: &PodStateStatus, pod_uids: &BTreeMap<String, String>) -> bool {
+    match (&report.uid, pod_uids.get(&report.name)) {
+        (Some(reported), Some(live)) => reported != live,
+        _ => false,
+    }
+}
+
+/// Entries of `status.pods` to remove, with their index and UID: those of pods beyond
+/// `spec.replicas` that no longer exist (scaled away; their agents wrote a last report and are
+/// gone), and those written by another pod than the one of that name that exists now
+/// ([`report_is_stale`]). The entry of a pod that still runs, even one shutting down, stays.
+pub fn stale_pod_reports(
+    app: &StreamApp,
+    pod_uids: &BTreeMap<String, String>,
+) -> Vec<(usize, String, Option<String>)> {
     let name = app.name_any();
     let Some(status) = &app.status else {
         return Vec::new();
+    };
+    let scaled_away = |p: &PodStateStatus| {
+        !pod_uids.contains_key(&p.name)
+            && crate::owned::pod_ordinal(&name, &p.name)
+                .is_none_or(|ordinal| ordinal >= app.spec.replicas)
     };
     status
         .pods
         .iter()
         .enumerate()
-        .filter(|(_, p)| !existing_pods.contains(&p.name))
-        .filter(|(_, p)| {
-            crate::owned::pod_ordinal(&name, &p.name)
-                .is_none_or(|ordinal| ordinal >= app.spec.replicas)
-        })
-        .map(|(i, p)| (i, p.name.clone()))
+        .filter(|(_, p)| scaled_away(p) || report_is_stale(p, pod_uids))
+        .map(|(i, p)| (i, p.name.clone(), p.uid.clone()))
         .collect()
 }
 
-/// The agents' reports of pods that should exist: `<name>-<ordinal>` below `spec.replicas`.
-/// Entries of scaled-away pods stay in `status.pods` (their agents own them) but no longer
-/// count.
-fn current_reports(app: &StreamApp) -> Vec<&PodStateStatus> {
+/// The agents' reports of pods that should exist: `<name>-<ordinal>` below `spec.replicas`,
+/// written by the pod of that name that exists now. Entries of scaled-away pods stay in
+/// `status.pods` (their agents own them) until they are pruned, but no longer count.
+pub fn current_reports<'a>(
+    app: &'a StreamApp,
+    pod_uids: &BTreeMap<String, String>,
+) -> Vec<&'a PodStateStatus> {
     let name = app.name_any();
     let Some(status) = &app.status else {
         return Vec::new();
@@ -661,6 +683,7 @@ fn current_reports(app: &StreamApp) -> Vec<&PodStateStatus> {
             crate::owned::pod_ordinal(&name, &p.name)
                 .is_some_and(|ordinal| ordinal < app.spec.replicas)
         })
+        .filter(|p| !report_is_stale(p, pod_uids))
         .collect()
 }
 

@@ -293,10 +293,12 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
     if paused {
         // Only observe and report: nothing the spec asks for is applied.
         let live = read_statefulset(client, app).await?;
+        let pods = list_pods(client, app).await?;
         let findings = Findings {
             blocker,
             desired_config_hash: Some(rendered.hash.clone()),
-            pods: pod_problems(&list_pods(client, app).await?, Timestamp::now()),
+            pod_uids: pod_uids(&pods),
+            pods: pod_problems(&pods, Timestamp::now()),
             paused: true,
             ..Default::default()
         };
@@ -389,7 +391,13 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
     } else {
         normal_replicas
     };
-    let reports: Vec<&PodStateStatus> = app.status.iter().flat_map(|s| s.pods.iter()).collect();
+    let uids = pod_uids(&pods);
+    let reports: Vec<&PodStateStatus> = app
+        .status
+        .iter()
+        .flat_map(|s| s.pods.iter())
+        .filter(|r| !crate::status::report_is_stale(r, &uids))
+        .collect();
     let step = scaling::next_step(
         &app.name_any(),
         live.as_ref().and_then(|l| l.spec.as_ref()?.replicas),
@@ -439,6 +447,7 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         storage: storage.finding(),
         desired_config_hash: Some(rendered.hash.clone()),
         pods: pod_problems(&pods, now),
+        pod_uids: uids.clone(),
         paused: false,
         kafka: kafka_finding,
         effective_replicas: (replicas != app.spec.replicas).then_some(replicas),
@@ -452,7 +461,7 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         publish(ctx, app, notice).await;
     }
     write_status(ctx, app, status).await?;
-    prune_pod_reports(ctx, app, &pods).await?;
+    prune_pod_reports(ctx, app, &uids).await?;
     operations::remove_departed_members(ctx, app, &kafka, seen.as_ref(), replicas, &pods).await;
     Ok(match reset_plan.action {
         // A reset waits for pods, the group and Kafka: look again soon.
@@ -461,6 +470,13 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         reset::Action::None => Action::requeue(REQUEUE_WHILE_KAFKA_TROUBLE),
         _ => Action::requeue(Duration::from_secs(2)),
     })
+}
+
+/// The UID of each pod, by name.
+fn pod_uids(pods: &[Pod]) -> BTreeMap<String, String> {
+    pods.iter()
+        .filter_map(|p| Some((p.name_any(), p.metadata.uid.clone()?)))
+        .collect()
 }
 
 /// The StreamApp's Kafka connection, or why there is none.

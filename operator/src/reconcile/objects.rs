@@ -257,14 +257,17 @@ pub(super) async fn write_status(
     Ok(())
 }
 
-/// Removes the `status.pods` entries of pods that were scaled away (see
-/// [`crate::status::stale_pod_reports`]). The entries belong to the agents' field managers, so
-/// they are removed with a JSON patch that first tests each entry's name: an agent's write in
-/// between makes the patch fail instead of removing the wrong entry, and the next reconcile
-/// tries again.
-pub(super) async fn prune_pod_reports(ctx: &Context, app: &StreamApp, pods: &[Pod]) -> Result<()> {
-    let existing: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
-    let mut stale = crate::status::stale_pod_reports(app, &existing);
+/// Removes the `status.pods` entries of pods that were scaled away, and those written by an
+/// older pod of the same name (see [`crate::status::stale_pod_reports`]). The entries belong
+/// to the agents' field managers, so they are removed with a JSON patch that first tests each
+/// entry's name and UID: an agent's write in between makes the patch fail instead of removing
+/// the wrong entry, and the next reconcile tries again.
+pub(super) async fn prune_pod_reports(
+    ctx: &Context,
+    app: &StreamApp,
+    pod_uids: &BTreeMap<String, String>,
+) -> Result<()> {
+    let mut stale = crate::status::stale_pod_reports(app, pod_uids);
     if stale.is_empty() {
         return Ok(());
     }
@@ -272,11 +275,14 @@ pub(super) async fn prune_pod_reports(ctx: &Context, app: &StreamApp, pods: &[Po
     stale.sort_by_key(|s| std::cmp::Reverse(s.0));
     let ops: Vec<serde_json::Value> = stale
         .iter()
-        .flat_map(|(i, name)| {
+        .flat_map(|(i, name, uid)| {
             [
-                serde_json::json!({ "op": "test", "path": format!("/status/pods/{i}/name"), "value": name }),
-                serde_json::json!({ "op": "remove", "path": format!("/status/pods/{i}") }),
+                Some(serde_json::json!({ "op": "test", "path": format!("/status/pods/{i}/name"), "value": name })),
+                uid.as_ref().map(|uid| serde_json::json!({ "op": "test", "path": format!("/status/pods/{i}/uid"), "value": uid })),
+                Some(serde_json::json!({ "op": "remove", "path": format!("/status/pods/{i}") })),
             ]
+            .into_iter()
+            .flatten()
         })
         .collect();
     let patch: json_patch::Patch =
@@ -291,7 +297,7 @@ pub(super) async fn prune_pod_reports(ctx: &Context, app: &StreamApp, pods: &[Po
         .await
     {
         Ok(_) => {
-            let names: Vec<&str> = stale.iter().map(|(_, n)| n.as_str()).collect();
+            let names: Vec<&str> = stale.iter().map(|(_, n, _)| n.as_str()).collect();
             info!(app = %app.name_any(), pods = ?names, "removed the reports of pods that were scaled away");
             Ok(())
         }

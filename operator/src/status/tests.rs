@@ -546,11 +546,65 @@ fn reports_of_pods_scaled_away_are_stale_once_the_pods_are_gone() {
         },
     );
     // orders-3 is still shutting down; orders-2 and other-0 are gone.
-    let existing = ["orders-0", "orders-1", "orders-3"].map(String::from);
+    let existing = uids(&[("orders-0", "u0"), ("orders-1", "u1"), ("orders-3", "u3")]);
     assert_eq!(
         stale_pod_reports(&app, &existing),
-        [(2, "orders-2".to_string()), (4, "other-0".to_string())]
+        [
+            (2, "orders-2".to_string(), None),
+            (4, "other-0".to_string(), None)
+        ]
     );
+}
+
+fn uids(pods: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pods.iter()
+        .map(|(name, uid)| (name.to_string(), uid.to_string()))
+        .collect()
+}
+
+#[test]
+fn a_report_written_by_an_older_pod_of_the_same_name_is_stale_never_counted_and_removed() {
+    let mut app = app();
+    app.spec.replicas = 2;
+    let written_by = |name: &str, uid: Option<&str>, ready: bool| PodStateStatus {
+        uid: uid.map(String::from),
+        ready,
+        ..report(name, "Running", vec![])
+    };
+    let app = with_status(
+        app,
+        StreamAppStatus {
+            pods: vec![
+                // The old orders-0, on a node that came back, writing over its replacement's.
+                written_by("orders-0", Some("old"), true),
+                written_by("orders-1", Some("u1"), false),
+            ],
+            ..Default::default()
+        },
+    );
+    let live = uids(&[("orders-0", "new"), ("orders-1", "u1")]);
+    assert!(report_is_stale(
+        &app.status.as_ref().unwrap().pods[0],
+        &live
+    ));
+    assert_eq!(
+        stale_pod_reports(&app, &live),
+        [(0, "orders-0".to_string(), Some("old".to_string()))]
+    );
+    let current: Vec<&str> = current_reports(&app, &live)
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(current, ["orders-1"], "the stale report does not count");
+    // An agent that reports no UID (an older agent) is taken as it is.
+    let unknown = with_status(
+        app.clone(),
+        StreamAppStatus {
+            pods: vec![written_by("orders-0", None, true)],
+            ..Default::default()
+        },
+    );
+    assert!(stale_pod_reports(&unknown, &live).is_empty());
 }
 
 #[test]
