@@ -20,9 +20,21 @@
 //!
 //! One fault needs no record: `crash-after-revoke` aborts the process right after a revoke
 //! suspended its stores (kill -9 while suspended).
+//!
+//! Two act where a task's store is opened from disk (or reopened for a new role), and their
+//! number is not a budget:
+//! - `slow-open=<ms>`, or `slow-open-<partition>=<ms>` for one partition's store only: every
+//!   open sleeps that long first (a slow disk, or a big store RocksDB takes long to open);
+//! - `locked-open-<partition>=<n>`: the first `n` opens of the partition's store fail at once
+//!   as if another process held its LOCK (the task backs off and retries, as with a real one).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
+
+use streamapp_api::health::StoreUnavailable;
+
+use crate::store::StoreError;
 
 pub const FAULT_HEADER: &str = "streamapp.fault";
 pub const ENV: &str = "STREAMAPP_FAULTS";
@@ -42,6 +54,43 @@ pub struct Faults {
     budget: HashMap<String, u32>,
     /// A record asked to crash after its transaction commits.
     crash_after_commit: bool,
+}
+
+/// What one open of a task's store is to suffer (see the module's `slow-open` and
+/// `locked-open`). Decided where the faults live, carried out where the store is opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenFault {
+    /// Sleep this long before opening.
+    pub delay: Option<Duration>,
+    /// Fail at once, as if another process held the store's LOCK.
+    pub locked: bool,
+}
+
+impl OpenFault {
+    /// Called right before the store of `partition` at `path` is opened: fails as asked, or
+    /// sleeps as asked.
+    pub fn before_open(&self, partition: i32, path: &Path) -> Result<(), StoreError> {
+        if self.locked {
+            tracing::warn!(
+                partition,
+                "fault injection: the store's LOCK is held by another process"
+            );
+            return Err(StoreError::Unavailable {
+                path: path.to_path_buf(),
+                kind: StoreUnavailable::Locked,
+                reason: "fault injection: lock held by another process".into(),
+            });
+        }
+        if let Some(delay) = self.delay {
+            tracing::warn!(
+                partition,
+                delay_ms = delay.as_millis() as u64,
+                "fault injection: opening the store slowly"
+            );
+            std::thread::sleep(delay);
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -143,6 +192,26 @@ impl Faults {
         }
     }
 
+    /// Called when the store of `partition` is to be opened (from disk, or again for a new
+    /// role): what that open is to suffer. Takes one `locked-open` of the partition's budget.
+    pub fn store_open(&mut self, partition: i32) -> OpenFault {
+        if self.take(&format!("locked-open-{partition}")) {
+            return OpenFault {
+                delay: None,
+                locked: true,
+            };
+        }
+        let delay = self
+            .budget
+            .get(&format!("slow-open-{partition}"))
+            .or_else(|| self.budget.get("slow-open"))
+            .map(|&ms| Duration::from_millis(ms.into()));
+        OpenFault {
+            delay,
+            locked: false,
+        }
+    }
+
     /// Called after a revoke suspended the stores.
     pub fn after_revoke(&mut self) {
         if self.take("crash-after-revoke") {
@@ -174,5 +243,40 @@ mod tests {
         assert_eq!(f.after_put(Some(b"stall-after-put:30")), Ok(()));
         assert!(start.elapsed() >= Duration::from_millis(30));
         assert_eq!(f.after_put(Some(b"fail-after-put:1")), Err(Injected::Fail));
+    }
+
+    #[test]
+    fn store_opens_are_slowed_per_partition_or_all_and_fail_as_locked_within_their_budget() {
+        let mut f = Faults::parse("slow-open-1=15000,locked-open-1=2,slow-open=20");
+        let slow = OpenFault {
+            delay: Some(Duration::from_millis(15_000)),
+            locked: false,
+        };
+        let locked = OpenFault {
+            delay: None,
+            locked: true,
+        };
+        assert_eq!(f.store_open(1), locked, "failing ones fail at once");
+        assert_eq!(f.store_open(1), locked);
+        assert_eq!(f.store_open(1), slow, "the delay is no budget: every open");
+        assert_eq!(f.store_open(1), slow);
+        assert_eq!(
+            f.store_open(0).delay,
+            Some(Duration::from_millis(20)),
+            "the others"
+        );
+        assert_eq!(Faults::default().store_open(0), OpenFault::default());
+        let err = locked
+            .before_open(1, Path::new("/state/tasks/1/store"))
+            .unwrap_err();
+        assert_eq!(
+            err.fault(),
+            crate::store::Fault::Unavailable(StoreUnavailable::Locked)
+        );
+        let start = std::time::Instant::now();
+        f.store_open(0)
+            .before_open(0, Path::new("/state/tasks/0/store"))
+            .unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(20));
     }
 }

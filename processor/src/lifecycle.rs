@@ -42,8 +42,16 @@
 //!   ordinary tail replay, then processing) or leaves it out (closed with a checkpoint).
 //!   A warm-up is a standby that is a move in progress; it only reports differently.
 //!
-//! The engine stays the driver: it opens stores, hands them to the state updater and feeds the
-//! facts back in.
+//! - **Nothing slow happens on the processing thread while a transaction may be open.**
+//!   Opening a store from disk, reopening it for a new role and closing one that is not
+//!   reassigned are done by the state updater's store thread (RocksDB can take minutes on a
+//!   slow disk, longer than `transaction.timeout.ms`). The task waits in its phase meanwhile;
+//!   what the store is for when it comes back — the task may have been revoked, closed or
+//!   given another role since — is [`Lifecycle::on_arrival`]. A store's directory is opened
+//!   again only once its close is done.
+//!
+//! The engine stays the driver: it has stores opened, hands them to the state updater and
+//! feeds the facts back in.
 
 use std::time::Duration;
 
@@ -131,6 +139,40 @@ pub enum Command {
     QuarantineStore { reason: String },
     /// A healthy store exists again: older quarantined copies may be pruned.
     PruneQuarantines,
+}
+
+/// A store opened off the processing thread, as it comes back to its task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// Opened from disk for a task that had no store.
+    Fresh,
+    /// The task's own store, closed and opened again for a role's memory budget;
+    /// `role_matches`: for the role the task has now.
+    Reopened { role_matches: bool },
+}
+
+/// What the engine does with a store that arrives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Destination {
+    /// The task waits for it: it is `Opened`.
+    Open,
+    /// The task's store again: it goes where the phase keeps it (the follower for a standby,
+    /// the restore for a restoring task, the task itself when suspended or opening).
+    Keep,
+    /// Opened for the role the task had before: close it and open it again.
+    Reopen,
+    /// Nothing waits for it any more (revoked, not reassigned, backing off, drained): close it.
+    Close,
+}
+
+/// How a store opened from disk was found: from its files and its checkpoint, read before it
+/// was opened.
+pub fn found(existed: bool, clean_checkpoint: bool) -> StoreOpen {
+    match (existed, clean_checkpoint) {
+        (false, _) => StoreOpen::FullRestore,
+        (true, true) => StoreOpen::Clean,
+        (true, false) => StoreOpen::ReplayedTail,
+    }
 }
 
 /// One task's lifecycle.
@@ -404,6 +446,23 @@ impl Lifecycle {
     /// The engine holds an open store for this task.
     pub fn store_open(&self) -> bool {
         self.store_open
+    }
+
+    /// Where a store opened for this task off the processing thread goes now that it arrives.
+    /// A fresh store is only for a task still opening (the engine asks for one only when it
+    /// holds none; a task revoked meanwhile has nothing to keep); a reopened one for a task
+    /// that still holds its store (a revoke suspends it, and the task may have changed roles
+    /// again meanwhile).
+    pub fn on_arrival(&self, arrival: Arrival) -> Destination {
+        match arrival {
+            Arrival::Fresh if self.phase == Phase::Opening => Destination::Open,
+            Arrival::Fresh => Destination::Close,
+            Arrival::Reopened { .. } if !self.store_open => Destination::Close,
+            Arrival::Reopened {
+                role_matches: false,
+            } if matches!(self.phase, Phase::Restoring | Phase::Standby) => Destination::Reopen,
+            Arrival::Reopened { .. } => Destination::Keep,
+        }
     }
 }
 
@@ -777,6 +836,98 @@ mod tests {
         );
         assert_eq!(l.opened(), Some(StoreOpen::Rebuilt));
         assert_eq!(l.state(), Some(TaskState::Standby));
+    }
+
+    #[test]
+    fn a_store_is_found_clean_with_a_checkpoint_replayed_without_and_restored_when_new() {
+        assert_eq!(found(false, false), StoreOpen::FullRestore);
+        assert_eq!(
+            found(false, true),
+            StoreOpen::FullRestore,
+            "a stray checkpoint"
+        );
+        assert_eq!(found(true, true), StoreOpen::Clean);
+        assert_eq!(found(true, false), StoreOpen::ReplayedTail);
+    }
+
+    #[test]
+    fn a_store_opened_off_the_processing_thread_goes_to_the_task_still_waiting_for_it() {
+        let mut l = Lifecycle::default();
+        l.on(Event::Assigned, T0);
+        assert_eq!(l.on_arrival(Arrival::Fresh), Destination::Open);
+        // Opened for the active role, the task became a standby meanwhile: it is opened all
+        // the same, and its role's reopen follows from the commands.
+        l.on(Event::AssignedStandby { warm_up: false }, T0);
+        assert_eq!(l.on_arrival(Arrival::Fresh), Destination::Open);
+        assert_eq!(
+            l.on(Event::Opened(StoreOpen::Clean), T0),
+            vec![RemoveCheckpoint, FollowChangelog]
+        );
+    }
+
+    #[test]
+    fn a_store_opened_for_a_task_that_no_longer_waits_for_it_is_closed() {
+        // Revoked before its store arrived (nothing to suspend), then drained, or backing off.
+        let mut l = Lifecycle::default();
+        l.on(Event::Assigned, T0);
+        l.on(Event::Revoked, T0);
+        assert_eq!(l.phase, Phase::Closed);
+        assert_eq!(l.on_arrival(Arrival::Fresh), Destination::Close);
+        let mut l = Lifecycle::default();
+        l.on(Event::Assigned, T0);
+        l.on(Event::Drain, T0);
+        assert_eq!(l.on_arrival(Arrival::Fresh), Destination::Close);
+        let mut l = active();
+        l.on(disk_full(), T0);
+        assert_eq!(l.on_arrival(Arrival::Fresh), Destination::Close);
+        // Nor does a task that got past opening.
+        assert_eq!(active().on_arrival(Arrival::Fresh), Destination::Close);
+        assert_eq!(
+            standby(false).on_arrival(Arrival::Fresh),
+            Destination::Close
+        );
+    }
+
+    #[test]
+    fn a_store_reopened_for_its_role_goes_back_to_where_its_phase_keeps_it() {
+        let matching = Arrival::Reopened { role_matches: true };
+        let stale = Arrival::Reopened {
+            role_matches: false,
+        };
+        // A promoted standby restores; a new standby follows.
+        let mut l = standby(false);
+        l.on(Event::Assigned, T0);
+        assert_eq!(l.on_arrival(matching), Destination::Keep);
+        let l = standby(false);
+        assert_eq!(l.on_arrival(matching), Destination::Keep);
+        // The role changed again meanwhile: opened again for the new one.
+        let mut l = standby(false);
+        l.on(Event::Assigned, T0);
+        assert_eq!(l.on_arrival(stale), Destination::Reopen);
+        assert_eq!(standby(true).on_arrival(stale), Destination::Reopen);
+        // Revoked meanwhile: the suspended task keeps it, and resumes it if assigned again.
+        let mut l = standby(false);
+        l.on(Event::Assigned, T0);
+        l.on(Event::Revoked, T0);
+        assert_eq!(l.phase, Phase::Suspended);
+        assert_eq!(l.on_arrival(stale), Destination::Keep);
+        l.on(Event::Assigned, T0);
+        assert_eq!(l.on_arrival(stale), Destination::Keep);
+    }
+
+    #[test]
+    fn a_store_reopened_for_a_task_that_let_go_of_it_is_closed() {
+        let reopened = Arrival::Reopened { role_matches: true };
+        let mut l = standby(false);
+        l.on(Event::NotReassigned, T0);
+        assert_eq!(l.on_arrival(reopened), Destination::Close);
+        let mut l = standby(false);
+        l.on(Event::Drain, T0);
+        assert_eq!(l.on_arrival(reopened), Destination::Close);
+        let mut l = standby(false);
+        l.on(Event::Assigned, T0);
+        l.on(disk_full(), T0);
+        assert_eq!(l.on_arrival(reopened), Destination::Close);
     }
 
     #[test]

@@ -13,16 +13,34 @@
 //! records and the changelog position in the same batch (invariant 6 of docs/design.md). Nothing
 //! else writes a followed store. Promoting a standby is taking it back and restoring it: the
 //! ordinary replay of whatever tail it has not applied yet.
+//!
+//! And it **opens and closes stores** off the processing thread ([`StateUpdater::open`],
+//! [`StateUpdater::reopen`], [`StateUpdater::close`]): RocksDB may take seconds to minutes to
+//! open or flush a store on a slow disk, longer than `transaction.timeout.ms`, and the
+//! processing thread must go on processing and committing meanwhile (a transaction left open
+//! that long is aborted by its coordinator, and its producer has to be recreated). Those run on
+//! a thread of their own, one after the other in the order they were asked for (so a store's
+//! close comes before its next open: RocksDB's LOCK), while restores and standbys go on and a
+//! [`StateUpdater::take`] is answered at once. The store comes back as [`Update::Opened`],
+//! [`Update::Reopened`] or [`Update::Closed`]; what the task does with it is the lifecycle's
+//! rule ([`crate::lifecycle::Lifecycle::on_arrival`]).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
+use streamapp_api::config::ResolvedRocksDb;
+use streamapp_api::health::StoreOpen;
+use tracing::info;
 
+use crate::checkpoint::{self, CheckpointEntry};
+use crate::faults::OpenFault;
 use crate::restore::{RestoreError, Restorer, Skipped, Step};
-use crate::store::TaskStore;
+use crate::state_dir::StateDir;
+use crate::store::{ChangelogIdentity, MemoryRole, SharedMemory, StoreError, TaskStore, Window};
 
 /// Changelog records restored per step, over all partitions, before requests are served again.
 const STEP_RECORDS: usize = 50_000;
@@ -42,6 +60,86 @@ enum Request {
         partition: i32,
         reply: Sender<Option<TaskStore>>,
     },
+}
+
+/// Work for the store thread.
+enum StoreRequest {
+    Open {
+        partition: i32,
+        role: MemoryRole,
+        fault: OpenFault,
+    },
+    Reopen {
+        partition: i32,
+        store: Box<TaskStore>,
+        role: MemoryRole,
+        fault: OpenFault,
+    },
+    Close {
+        partition: i32,
+        store: Box<TaskStore>,
+        checkpoint: Option<Checkpoint>,
+    },
+}
+
+/// A checkpoint to write once its store is closed.
+pub struct Checkpoint {
+    pub file: PathBuf,
+    pub entries: Vec<CheckpointEntry>,
+}
+
+/// What opening a task's store takes: the engine's configuration of its stores.
+#[derive(Clone)]
+pub struct StoreOpener {
+    pub state: StateDir,
+    pub rocksdb: ResolvedRocksDb,
+    pub memory: SharedMemory,
+    pub window: Window,
+    pub changelog_topic: String,
+    pub changelog_topic_id: Option<[u8; 16]>,
+}
+
+impl StoreOpener {
+    /// Opens the store of `partition` for `role`'s memory budget, suffering `fault` first.
+    pub fn open(
+        &self,
+        partition: i32,
+        role: MemoryRole,
+        fault: OpenFault,
+    ) -> Result<TaskStore, StoreError> {
+        let path = self.state.store_dir(partition);
+        fault.before_open(partition, &path)?;
+        TaskStore::open(
+            &path,
+            self.state.wal_dir(partition).as_deref(),
+            &self.rocksdb,
+            &self.memory,
+            role,
+            self.window,
+            &ChangelogIdentity {
+                topic: self.changelog_topic.clone(),
+                partition,
+                topic_id: self.changelog_topic_id,
+            },
+        )
+    }
+
+    /// Opens the store of `partition` from disk, and says how it was found there (before the
+    /// task removes its checkpoint).
+    fn open_from_disk(
+        &self,
+        partition: i32,
+        role: MemoryRole,
+        fault: OpenFault,
+    ) -> Result<(TaskStore, StoreOpen), StoreError> {
+        let existed = self.state.store_dir(partition).join("CURRENT").exists();
+        let clean = checkpoint::read(&self.state.checkpoint_file(partition))
+            .ok()
+            .flatten()
+            .is_some();
+        let store = self.open(partition, role, fault)?;
+        Ok((store, crate::lifecycle::found(existed, clean)))
+    }
 }
 
 /// What the updater tells the engine.
@@ -80,14 +178,35 @@ pub enum Update {
         error: RestoreError,
         stores: Vec<(i32, TaskStore)>,
     },
+    /// The store asked for with [`StateUpdater::open`], and how it was found on disk.
+    Opened {
+        partition: i32,
+        result: Result<(TaskStore, StoreOpen), StoreError>,
+    },
+    /// The store handed over with [`StateUpdater::reopen`], open again for its new role.
+    Reopened {
+        partition: i32,
+        result: Result<TaskStore, StoreError>,
+    },
+    /// The store handed over with [`StateUpdater::close`] is closed (and its checkpoint
+    /// written): its directory may be opened again.
+    Closed {
+        partition: i32,
+        result: Result<(), StoreError>,
+    },
 }
 
 pub struct StateUpdater {
     requests: Option<Sender<Request>>,
+    /// The store thread's work.
+    store_requests: Option<Sender<StoreRequest>>,
+    /// Where the threads send their updates.
+    update_tx: Sender<Update>,
     updates: Receiver<Update>,
     /// Updates received while taking a store back, not yet handed to the engine.
     backlog: VecDeque<Update>,
     thread: Option<std::thread::JoinHandle<()>>,
+    store_thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl StateUpdater {
@@ -99,16 +218,70 @@ impl StateUpdater {
         };
         let (requests, request_rx) = mpsc::channel();
         let (update_tx, updates) = mpsc::channel();
+        let worker_updates = update_tx.clone();
         let thread = std::thread::Builder::new()
             .name("state-updater".into())
-            .spawn(move || Worker::new(restorer, follower, update_tx).run(&request_rx))
+            .spawn(move || Worker::new(restorer, follower, worker_updates).run(&request_rx))
             .expect("spawning the state updater");
         Ok(StateUpdater {
             requests: Some(requests),
+            store_requests: None,
+            update_tx,
             updates,
             backlog: VecDeque::new(),
             thread: Some(thread),
+            store_thread: None,
         })
+    }
+
+    /// Opens and closes stores too ([`StateUpdater::open`], [`StateUpdater::reopen`],
+    /// [`StateUpdater::close`]), with `opener`, on a thread of its own.
+    pub fn with_stores(mut self, opener: StoreOpener) -> Self {
+        let (store_requests, store_request_rx) = mpsc::channel();
+        let updates = self.update_tx.clone();
+        let thread = std::thread::Builder::new()
+            .name("state-stores".into())
+            .spawn(move || {
+                for request in store_request_rx {
+                    // The engine is gone when a send fails: the store closes with the update.
+                    let _ = updates.send(opener.serve(request));
+                }
+            })
+            .expect("spawning the state updater's store thread");
+        self.store_requests = Some(store_requests);
+        self.store_thread = Some(thread);
+        self
+    }
+
+    /// Opens the store of `partition` from disk for `role`, off the processing thread: it
+    /// comes as [`Update::Opened`].
+    pub fn open(&self, partition: i32, role: MemoryRole, fault: OpenFault) {
+        self.send_store(StoreRequest::Open {
+            partition,
+            role,
+            fault,
+        });
+    }
+
+    /// Closes `store` and opens it again for `role`'s memory budget (RocksDB fixes it at
+    /// open): it comes back as [`Update::Reopened`].
+    pub fn reopen(&self, partition: i32, store: TaskStore, role: MemoryRole, fault: OpenFault) {
+        self.send_store(StoreRequest::Reopen {
+            partition,
+            store: Box::new(store),
+            role,
+            fault,
+        });
+    }
+
+    /// Closes `store` (flushed), then writes `checkpoint` if given: [`Update::Closed`] says
+    /// when its directory is free.
+    pub fn close(&self, partition: i32, store: TaskStore, checkpoint: Option<Checkpoint>) {
+        self.send_store(StoreRequest::Close {
+            partition,
+            store: Box::new(store),
+            checkpoint,
+        });
     }
 
     /// Hands `store` over to be restored from its own changelog offset to the end.
@@ -176,9 +349,43 @@ impl StateUpdater {
             .or_else(|| self.updates.try_recv().ok())
     }
 
+    /// The next update, waiting up to `timeout` for one.
+    pub fn wait_update(&mut self, timeout: Duration) -> Option<Update> {
+        self.backlog
+            .pop_front()
+            .or_else(|| self.updates.recv_timeout(timeout).ok())
+    }
+
+    /// Stops both threads, once the store thread has done what it was asked (every store it
+    /// opened or was handed is closed afterwards: their directories are free).
+    pub fn shutdown(&mut self) {
+        self.requests.take();
+        self.store_requests.take();
+        for t in [self.thread.take(), self.store_thread.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = t.join();
+        }
+        // Stores in updates nobody takes any more close here.
+        self.backlog.clear();
+        while self.updates.try_recv().is_ok() {}
+    }
+
     fn send(&self, request: Request) {
         if let Some(r) = &self.requests {
             // The thread only ends when this handle drops.
+            let _ = r.send(request);
+        }
+    }
+
+    fn send_store(&self, request: StoreRequest) {
+        let sender = self.store_requests.as_ref();
+        debug_assert!(
+            sender.is_some(),
+            "started without StateUpdater::with_stores"
+        );
+        if let Some(r) = sender {
             let _ = r.send(request);
         }
     }
@@ -186,9 +393,62 @@ impl StateUpdater {
 
 impl Drop for StateUpdater {
     fn drop(&mut self) {
-        self.requests.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        self.shutdown();
+    }
+}
+
+impl StoreOpener {
+    /// Carries out one request of the store thread.
+    fn serve(&self, request: StoreRequest) -> Update {
+        let started = Instant::now();
+        match request {
+            StoreRequest::Open {
+                partition,
+                role,
+                fault,
+            } => {
+                let result = self.open_from_disk(partition, role, fault);
+                if let Ok((_, how)) = &result {
+                    info!(partition, how = ?how, ms = started.elapsed().as_millis() as u64, "store opened");
+                }
+                Update::Opened { partition, result }
+            }
+            StoreRequest::Reopen {
+                partition,
+                store,
+                role,
+                fault,
+            } => {
+                let result = store
+                    .close()
+                    .and_then(|()| self.open(partition, role, fault));
+                if result.is_ok() {
+                    info!(partition, role = ?role, ms = started.elapsed().as_millis() as u64,
+                        "store reopened for its new role's memory budget");
+                }
+                Update::Reopened { partition, result }
+            }
+            StoreRequest::Close {
+                partition,
+                store,
+                checkpoint,
+            } => {
+                let path = store.path().to_path_buf();
+                let result = store.close().and_then(|()| match checkpoint {
+                    // Closed: nothing writes to it any more, so the checkpoint is the truth.
+                    Some(c) => checkpoint::write(&c.file, &c.entries)
+                        .map_err(|e| StoreError::from_io(&path, "writing the checkpoint", &e)),
+                    None => Ok(()),
+                });
+                if result.is_ok() {
+                    info!(
+                        partition,
+                        ms = started.elapsed().as_millis() as u64,
+                        "store closed"
+                    );
+                }
+                Update::Closed { partition, result }
+            }
         }
     }
 }

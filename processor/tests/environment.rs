@@ -702,3 +702,139 @@ async fn a_store_of_a_recreated_changelog_that_grew_past_its_offset_is_rebuilt_n
     );
     assert_eq!(app.read(&app.duplicates).len(), 200);
 }
+
+/// A store that takes longer to open than the transaction timeout (a slow disk, a big store)
+/// is opened off the processing thread: the other partitions go on processing and committing
+/// meanwhile, and no transaction is left open long enough for the coordinator to abort it (no
+/// new producer, nothing processed twice).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_slower_to_open_than_the_transaction_timeout_holds_back_no_other_partition() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use streamapp_api::health::ProcessorHealth;
+
+    let _serial = serial().await;
+    // Transactions time out after 10 s (the harness). The store of partition 1 takes 15 s to
+    // open, after its first three opens failed on a held LOCK, so that it opens when the
+    // back-off ends, while partition 0 processes. A commit every 3 s keeps a transaction open
+    // nearly all the time while records come in.
+    let app = App::create(
+        "slowopen",
+        AppOptions {
+            partitions: 2,
+            commit_interval: "3s",
+            ..Default::default()
+        },
+    )
+    .await;
+    let t0 = now_ms();
+    let mut p = app.start_with(
+        "pod-0",
+        &[("STREAMAPP_FAULTS", "locked-open-1=3,slow-open-1=15000")],
+    );
+    let state = |h: &ProcessorHealth, partition: i32| {
+        h.tasks
+            .iter()
+            .find(|t| t.partition == partition)
+            .and_then(|t| t.state)
+    };
+    p.wait_health(
+        "partition 0 active while partition 1 backs off",
+        MINUTE,
+        |h| state(h, 0) == Some(TaskState::Active) && state(h, 1) == Some(TaskState::BackingOff),
+    );
+
+    // A steady stream of new ids into partition 0 until partition 1 is active.
+    let stop = Arc::new(AtomicBool::new(false));
+    let stream = {
+        let (stop, input) = (stop.clone(), app.input.clone());
+        std::thread::spawn(move || {
+            let producer: BaseProducer = testbed::kafka::input_producer_config()
+                .set("linger.ms", "5")
+                .create()
+                .unwrap();
+            let mut sent = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("s-{sent}");
+                let value = format!(r#"{{"id":"{key}"}}"#);
+                testbed::kafka::send(
+                    &producer,
+                    BaseRecord::to(&input)
+                        .partition(0)
+                        .key(&key)
+                        .payload(&value),
+                );
+                producer.poll(Duration::ZERO);
+                sent += 1;
+                std::thread::sleep(Duration::from_millis(20)); // the stream's pace
+            }
+            producer.flush(Duration::from_secs(30)).unwrap();
+            sent
+        })
+    };
+
+    // While the store of partition 1 opens (15 s), partition 0's records keep being committed.
+    wait_for_log(&p, "fault injection: opening the store slowly", MINUTE);
+    let opening = std::time::Instant::now();
+    let before = app.read(&app.output).len();
+    let committed_while_opening = loop {
+        let committed = app.read(&app.output).len() - before;
+        if committed >= 20 && state(&p.live_health(), 1) != Some(TaskState::Active) {
+            break Some(committed);
+        }
+        if opening.elapsed() > Duration::from_secs(10) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    p.wait_health("partition 1 active", MINUTE, |h| {
+        state(h, 1) == Some(TaskState::Active)
+    });
+    stop.store(true, Ordering::Relaxed);
+    let sent = stream.join().unwrap();
+    // Partition 1 works, and both stores remember what they saw.
+    let mut more: Vec<Input> = (0..20)
+        .map(|i| Input::cmd(&format!("one-{i}"), t0 + i).partition(1))
+        .collect();
+    more.extend((0..20).map(|i| Input::cmd(&format!("s-{i}"), t0 + 100).partition(0)));
+    app.produce(&more);
+    app.produce(&[Input::cmd("one-0", t0 + 200).partition(1)]);
+    app.wait_until_processed(2 * MINUTE);
+    assert!(p.is_running(), "{}", p.log_tail());
+
+    let log = p.log_text();
+    assert!(
+        p.metric("streamapp_processor_transaction_timeouts_total") == Some(0.0)
+            && !log.contains("outlived transaction.timeout.ms"),
+        "the transaction open while the store of partition 1 opened outlived its timeout: the \
+         coordinator aborted it and the producer was recreated:\n{}",
+        p.log_tail()
+    );
+    assert_eq!(
+        p.metric("streamapp_processor_transactions_aborted_total"),
+        Some(0.0),
+        "{}",
+        p.log_tail()
+    );
+    assert!(
+        committed_while_opening.is_some(),
+        "partition 0 committed nothing in the 10 s after the store of partition 1 began to \
+         open:\n{}",
+        p.log_tail()
+    );
+    let output = app.read(&app.output);
+    let distinct: HashSet<String> = output.iter().map(|o| o.id()).collect();
+    assert_eq!(
+        distinct.len(),
+        sent + 20,
+        "every id of the stream and one-0..20"
+    );
+    assert_eq!(output.len(), sent + 20, "each once");
+    assert_eq!(
+        app.read(&app.duplicates).len(),
+        21,
+        "the repeats on both partitions are duplicates"
+    );
+}

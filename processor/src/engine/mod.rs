@@ -13,10 +13,12 @@
 //! rewinds the consumer to the committed positions.
 //!
 //! Partitions are added to the consumer's local assignment only once their store is restored:
-//! the group's assignment callback only records the lifecycle events, the loop opens stores,
-//! restores them step by step and then assigns them with their committed offsets, so no
-//! record is ever processed against a store that is not caught up, and nothing slow happens
-//! inside a rebalance callback.
+//! the group's assignment callback only records the lifecycle events, the loop has stores
+//! opened, restored step by step and then assigns them with their committed offsets, so no
+//! record is ever processed against a store that is not caught up. Opening, reopening and
+//! closing stores happen on the state updater's threads, never inside a rebalance callback nor
+//! on the processing thread while a transaction is open (a slow disk would keep it open past
+//! `transaction.timeout.ms`).
 //!
 //! With repartitioning ([`crate::repartition`]) the consumer reads two topics: the input, whose
 //! partitions are tasks of the stateless route stage ([`RouteTask`]: an id and a send, no
@@ -28,8 +30,8 @@
 //!   memberships feed;
 //! - [`state_aware_group`]: the processor's own membership with standbys (ADR 0001), used
 //!   when `group.standbyReplicas` is 1 or more;
-//! - [`tasks`]: carrying out the lifecycle's commands (open, restore through the
-//!   [`crate::state_updater`] thread, activate, back off, quarantine, checkpoints);
+//! - [`tasks`]: carrying out the lifecycle's commands (open, restore and close through the
+//!   [`crate::state_updater`] threads, activate, back off, quarantine, checkpoints);
 //! - [`processing`]: one record of the dedup stage inside the open transaction, dead letters;
 //! - [`routing`]: one record of the route stage (repartitioning only);
 //! - [`transaction`]: begin, commit, abort, the producer and its failures;
@@ -66,8 +68,8 @@ use crate::record_attempts::RecordAttempts;
 use crate::repartition::Purger;
 use crate::restore::ChangelogEnds;
 use crate::shared::{DrainOutcome, Shared};
-use crate::state_updater::StateUpdater;
-use crate::store::{MemoryRole, SharedMemory, Staged, TaskStore, Verifier};
+use crate::state_updater::{StateUpdater, StoreOpener};
+use crate::store::{MemoryRole, SharedMemory, Staged, TaskStore, Verifier, Window};
 
 pub use delivery::{DeliveryTracker, Origin, await_deliveries};
 pub use membership::{GroupConsumer, GroupContext, bound_consumer_buffer};
@@ -75,6 +77,8 @@ pub use membership::{GroupConsumer, GroupContext, bound_consumer_buffer};
 /// Timeout of each transactional call; retriable errors are retried until [`TXN_DEADLINE`].
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const TXN_DEADLINE: Duration = Duration::from_secs(120);
+/// How long a drain waits for the stores the state updater opens or closes.
+const DRAIN_SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
 /// How often task statistics (store size, WAL files) are refreshed for the health report.
 const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 /// The producer's `transaction.timeout.ms` unless the user sets it (librdkafka's default is
@@ -86,15 +90,6 @@ const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// pod name, or the pod's processing thread).
 fn transactional_id(application_id: &str, member: &str) -> String {
     format!("{application_id}-{member}")
-}
-
-/// The group member (group.instance.id) of processing thread `thread` of pod `pod`: the pod
-/// name for the first, as with a single thread.
-pub fn member_id(pod: &str, thread: usize) -> String {
-    match thread {
-        0 => pod.to_string(),
-        n => format!("{pod}-thread-{n}"),
-    }
 }
 
 /// Sets `key` unless the user's client properties already do (tuning, not correctness: the
@@ -186,7 +181,7 @@ impl EngineConfig {
 
     /// This engine's group member: the pod, or the pod's processing thread.
     pub fn member_id(&self) -> String {
-        member_id(&self.pod, self.thread)
+        streamapp_api::config::group_member(&self.pod, self.thread)
     }
 
     pub fn transactional_id(&self) -> String {
@@ -272,10 +267,12 @@ struct RouteTask {
 }
 
 impl Drop for Engine {
-    /// Closes the stores still open (dropping them), then lets the other processing threads
-    /// have their directories.
+    /// Closes the stores still open (dropping them, and those the state updater has), then
+    /// lets the other processing threads have their directories.
     fn drop(&mut self) {
         self.tasks.clear();
+        // The store thread finishes what it opens or closes first.
+        self.updater.shutdown();
         self.shared.release_stores(self.cfg.thread);
     }
 }
@@ -355,6 +352,9 @@ pub struct Engine {
     updater: StateUpdater,
     /// Partitions whose store the updater holds.
     in_updater: BTreeSet<i32>,
+    /// Partitions whose store the updater's store thread opens, reopens or closes: their
+    /// tasks wait, and their directories stay claimed until it is done.
+    store_io: BTreeSet<i32>,
     /// The changelog's real ends, for the health report.
     changelog_ends: ChangelogEnds,
     /// Scans stores for damage in the background.
@@ -401,8 +401,20 @@ impl Engine {
     ) -> Result<(Arc<Mutex<Engine>>, GroupConsumer), EngineError> {
         let fatal = |what: &str, e: KafkaError| EngineError::Fatal(format!("{what}: {e}"));
         let producer = transaction::new_producer(&cfg, &shared)?;
+        let opener = StoreOpener {
+            state: shared.state_dir.clone(),
+            rocksdb: cfg.rocksdb.clone(),
+            memory: memory.clone(),
+            window: Window {
+                retention: cfg.retention,
+                max_skew: cfg.max_skew,
+            },
+            changelog_topic: cfg.changelog_topic.clone(),
+            changelog_topic_id: cfg.changelog_topic_id,
+        };
         let updater = StateUpdater::start(&cfg.client, &cfg.changelog_topic)
-            .map_err(|e| fatal("creating the restore consumer", e))?;
+            .map_err(|e| fatal("creating the restore consumer", e))?
+            .with_stores(opener);
         let changelog_ends = ChangelogEnds::new(&cfg.client, &cfg.changelog_topic)
             .map_err(|e| fatal("creating the changelog probe", e))?;
         let purger = match &cfg.repartition_topic {
@@ -434,6 +446,7 @@ impl Engine {
             aborts: 0,
             updater,
             in_updater: BTreeSet::new(),
+            store_io: BTreeSet::new(),
             changelog_ends,
             verifier: Verifier::start(cfg.rocksdb.verify_keys_per_second),
             purger,
@@ -539,6 +552,9 @@ impl Engine {
         if let Err(e) = self.commit(consumer) {
             return DrainOutcome::Failed(e.to_string());
         }
+        // Stores being opened or closed by the state updater come back first, to be closed
+        // with the others (with their checkpoints).
+        self.settle_store_io(DRAIN_SETTLE_TIMEOUT);
         // The report keeps the tasks' final offsets; closing takes them out of the engine.
         self.publish_tasks(true);
         self.routes.clear();

@@ -3,9 +3,13 @@
 //! and the restore reader. A command that fails becomes the next event, so every failure goes
 //! through the same rules.
 //!
-//! Work the phases ask for is done by the loop, one piece per tick: open one store, take one
-//! restore step (of every restoring task at once), activate what is restored, end the
-//! back-offs that are due.
+//! Work the phases ask for is done by the loop, one piece per tick: have the stores that are
+//! waiting opened, take one restore step (of every restoring task at once), activate what is
+//! restored, end the back-offs that are due. What may take long on a slow disk — opening a
+//! store, reopening it for a new role, closing one that is not reassigned — is done by the
+//! state updater's store thread ([`crate::state_updater`]) while this thread goes on
+//! processing and committing; the partitions it works on are in `Engine::store_io`, and their
+//! directories stay claimed until it is done.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -17,12 +21,12 @@ use tracing::{error, info, warn};
 
 use super::{Engine, EngineError, GroupConsumer};
 use crate::checkpoint::{self, CheckpointEntry};
-use crate::lifecycle::{Command, Event, Phase, Role};
+use crate::lifecycle::{Arrival, Command, Destination, Event, Phase, Role};
 use crate::metrics::Metrics;
 use crate::restore::RestoreError;
 use crate::shared::now_ms;
-use crate::state_updater::Update;
-use crate::store::{ChangelogIdentity, MemoryRole, StoreError, TaskStore, Window};
+use crate::state_updater::{Checkpoint, Update};
+use crate::store::{MemoryRole, StoreError, TaskStore};
 
 impl Engine {
     /// Feeds `event` to the task's lifecycle and carries out what it says; a failed command
@@ -85,7 +89,7 @@ impl Engine {
             self.reclaim_store(p);
         }
         if matches!(command, Command::BeginRestore | Command::FollowChangelog) {
-            self.reopen_for_role(p)?;
+            self.reopen_for_role(p);
         }
         let state = self.shared.state_dir.clone();
         let store_dir = state.store_dir(p);
@@ -106,6 +110,9 @@ impl Engine {
                     self.in_updater.insert(p);
                 }
             }
+            // Only at a revoke, and on this thread: the revoke finished the transaction first
+            // (committed, or aborted when the assignment was lost), so none is open while the
+            // flush takes, and the store is flushed before the partition may go elsewhere.
             Command::FlushStore => {
                 if let Some(store) = &mut task.store {
                     store.flush()?;
@@ -116,27 +123,25 @@ impl Engine {
                 let Some(store) = task.store.take() else {
                     return Ok(());
                 };
-                let meta = store.meta().clone();
-                store.close()?;
-                // Closed: nothing writes to it any more, so the checkpoint is the truth.
-                let mut entries = Vec::new();
-                if let Some(o) = meta.changelog_offset {
-                    entries.push(CheckpointEntry {
-                        topic: self.cfg.changelog_topic.clone(),
-                        partition: p,
-                        offset: o,
-                    });
+                let committed = task.committed;
+                let checkpoint = self.checkpoint_of(p, &store, committed);
+                if self.draining {
+                    // A drain committed first and processes nothing more: it closes here, to
+                    // report what failed.
+                    store.close()?;
+                    // Closed: nothing writes to it any more, so the checkpoint is the truth.
+                    checkpoint::write(&checkpoint.file, &checkpoint.entries).map_err(|e| {
+                        StoreError::from_io(&store_dir, "writing the checkpoint", &e)
+                    })?;
+                    if let Some(task) = self.tasks.get_mut(&p) {
+                        task.health.last_checkpoint_at_ms = Some(now_ms());
+                    }
+                } else {
+                    // A flush on a slow disk may take long: the store thread closes it while
+                    // this one goes on; the directory is free once it says so.
+                    self.store_io.insert(p);
+                    self.updater.close(p, store, Some(checkpoint));
                 }
-                if let Some(o) = task.committed.or(meta.input_offset) {
-                    entries.push(CheckpointEntry {
-                        topic: self.cfg.dedup_input().to_string(),
-                        partition: p,
-                        offset: o,
-                    });
-                }
-                checkpoint::write(&state.checkpoint_file(p), &entries)
-                    .map_err(|e| StoreError::from_io(&store_dir, "writing the checkpoint", &e))?;
-                task.health.last_checkpoint_at_ms = Some(now_ms());
             }
             Command::ReleaseStore => {
                 task.store = None;
@@ -198,66 +203,109 @@ impl Engine {
     /// threads of the process have its store directory.
     pub(super) fn forget_task(&mut self, p: i32) {
         self.tasks.remove(&p);
-        self.shared.release_store(p, self.cfg.thread);
+        // A store the store thread still opens or closes keeps its directory until it is done.
+        if !self.store_io.contains(&p) {
+            self.shared.release_store(p, self.cfg.thread);
+        }
     }
 
-    /// Opens the store of one task that waits for it: its suspended store when it has one,
-    /// otherwise from disk (scanned in the background when it has no clean checkpoint). A
-    /// store another processing thread of the process still holds waits until it lets go.
+    /// The checkpoint of `store` once closed: its changelog offset and the task's committed
+    /// input offset (the store's own when the task has none).
+    fn checkpoint_of(&self, p: i32, store: &TaskStore, committed: Option<i64>) -> Checkpoint {
+        let meta = store.meta();
+        let mut entries = Vec::new();
+        if let Some(o) = meta.changelog_offset {
+            entries.push(CheckpointEntry {
+                topic: self.cfg.changelog_topic.clone(),
+                partition: p,
+                offset: o,
+            });
+        }
+        if let Some(o) = committed.or(meta.input_offset) {
+            entries.push(CheckpointEntry {
+                topic: self.cfg.dedup_input().to_string(),
+                partition: p,
+                offset: o,
+            });
+        }
+        Checkpoint {
+            file: self.shared.state_dir.checkpoint_file(p),
+            entries,
+        }
+    }
+
+    /// Has the stores of the tasks that wait for one opened: a suspended store is resumed at
+    /// once; the others are opened from disk by the state updater's store thread (scanned in
+    /// the background when they have no clean checkpoint), which may take long on a slow disk
+    /// while this thread goes on processing and committing. A store another processing thread
+    /// of the process still holds, or whose close is not done yet, waits until it is free.
     pub(super) fn open_next(&mut self) {
         let thread = self.cfg.thread;
-        let Some(p) = self
+        let waiting: Vec<i32> = self
             .tasks
             .values()
-            .filter(|t| t.is(&Phase::Opening))
+            .filter(|t| t.is(&Phase::Opening) && !self.store_io.contains(&t.partition))
             .map(|t| t.partition)
-            .find(|&p| self.shared.claim_store(p, thread))
-        else {
-            return;
-        };
-        let event = if self.tasks[&p].store.is_some() {
-            Event::Opened(StoreOpen::Resumed)
-        } else {
-            let state = &self.shared.state_dir;
-            let existed = state.store_dir(p).join("CURRENT").exists();
-            let clean = checkpoint::read(&state.checkpoint_file(p))
-                .ok()
-                .flatten()
-                .is_some();
-            match self.open_store(p) {
-                Ok(store) => {
-                    let task = self.tasks.get_mut(&p).expect("task exists");
-                    task.store_id = Some(store.id());
-                    task.store = Some(store);
-                    Event::Opened(match (existed, clean) {
-                        (false, _) => StoreOpen::FullRestore,
-                        (true, true) => StoreOpen::Clean,
-                        (true, false) => StoreOpen::ReplayedTail,
-                    })
-                }
-                Err(e) => {
-                    warn!(partition = p, error = %e, "could not open the store");
+            .collect();
+        for p in waiting {
+            if !self.shared.claim_store(p, thread) {
+                continue;
+            }
+            if self.tasks[&p].store.is_some() {
+                self.on_task_event(p, Event::Opened(StoreOpen::Resumed));
+                self.publish_tasks(true);
+            } else {
+                let fault = self.faults.store_open(p);
+                self.store_io.insert(p);
+                self.updater.open(p, self.memory_role(p), fault);
+            }
+        }
+    }
+
+    /// A store the store thread opened from disk arrives.
+    fn on_store_opened(&mut self, p: i32, result: Result<(TaskStore, StoreOpen), StoreError>) {
+        self.store_io.remove(&p);
+        let destination = self.tasks.get(&p).map_or(Destination::Close, |t| {
+            t.lifecycle.on_arrival(Arrival::Fresh)
+        });
+        let (store, how) = match (result, destination) {
+            (Ok(opened), Destination::Open) => opened,
+            (Ok((store, _)), _) => {
+                // Nothing was written to it: whatever checkpoint it has still holds.
+                self.close_unwanted(p, store, None);
+                return;
+            }
+            (Err(e), Destination::Open) => {
+                warn!(partition = p, error = %e, "could not open the store");
+                self.on_task_event(
+                    p,
                     Event::StoreFailed {
                         fault: e.fault(),
                         reason: e.reason().to_string(),
-                    }
-                }
+                    },
+                );
+                self.publish_tasks(true);
+                return;
+            }
+            (Err(e), _) => {
+                warn!(partition = p, error = %e, "could not open a store no task waits for any more");
+                self.release_if_unused(p);
+                return;
             }
         };
-        let opened = match &event {
-            Event::Opened(how) => Some(*how),
-            _ => None,
-        };
-        self.on_task_event(p, event);
-        match opened {
+        let task = self.tasks.get_mut(&p).expect("checked");
+        task.store_id = Some(store.id());
+        task.store = Some(store);
+        self.on_task_event(p, Event::Opened(how));
+        match how {
             // After an unclean stop the store is used at once (its offsets are written in the
             // same batches as its data, so it is a consistent prefix of the changelog whose
             // tail is replayed now) and scanned for damaged blocks in the background.
-            Some(StoreOpen::ReplayedTail) => {
+            StoreOpen::ReplayedTail => {
                 self.start_verification(p, VerificationReason::UncleanShutdown)
             }
-            Some(StoreOpen::Resumed) | None => {}
-            Some(_) => self.schedule_verification(p),
+            StoreOpen::Resumed => {}
+            _ => self.schedule_verification(p),
         }
         self.publish_tasks(true);
     }
@@ -273,55 +321,132 @@ impl Engine {
 
     /// A standby promoted to active (or an active store turned standby) keeps its files but
     /// not its memtable budget: RocksDB fixes that at open, so the store is closed (flushed:
-    /// at most the standby budget's memtables) and opened again for its new role.
-    fn reopen_for_role(&mut self, p: i32) -> Result<(), StoreError> {
+    /// at most the standby budget's memtables) and opened again for its new role, by the
+    /// store thread. The task waits without a store meanwhile (see [`Self::on_store_reopened`]).
+    fn reopen_for_role(&mut self, p: i32) {
         let role = self.memory_role(p);
         let task = self.tasks.get_mut(&p).expect("task exists");
         if task.store.as_ref().is_none_or(|s| s.memory_role() == role) {
-            return Ok(());
+            return;
         }
-        let started = Instant::now();
         let store = task.store.take().expect("checked");
         task.store_id = None;
-        store.close()?;
-        let store = self.open_store(p)?;
-        let task = self.tasks.get_mut(&p).expect("task exists");
+        let fault = self.faults.store_open(p);
+        self.store_io.insert(p);
+        self.updater.reopen(p, store, role, fault);
+    }
+
+    /// A store the store thread reopened for its role arrives.
+    fn on_store_reopened(&mut self, p: i32, result: Result<TaskStore, StoreError>) {
+        self.store_io.remove(&p);
+        let role = self.memory_role(p);
+        let store = match result {
+            Ok(store) => store,
+            Err(e) => {
+                warn!(partition = p, error = %e, "could not reopen the store for its new role");
+                if self.tasks.get(&p).is_some_and(|t| t.lifecycle.store_open()) {
+                    self.on_task_event(
+                        p,
+                        Event::StoreFailed {
+                            fault: e.fault(),
+                            reason: e.reason().to_string(),
+                        },
+                    );
+                    self.publish_tasks(true);
+                } else {
+                    self.release_if_unused(p);
+                }
+                return;
+            }
+        };
+        let arrival = Arrival::Reopened {
+            role_matches: store.memory_role() == role,
+        };
+        let destination = self
+            .tasks
+            .get(&p)
+            .map_or(Destination::Close, |t| t.lifecycle.on_arrival(arrival));
+        match destination {
+            Destination::Keep | Destination::Open => {}
+            Destination::Reopen => {
+                let fault = self.faults.store_open(p);
+                self.store_io.insert(p);
+                self.updater.reopen(p, store, role, fault);
+                return;
+            }
+            Destination::Close => {
+                // It was in use: its checkpoint is written once it is closed.
+                let checkpoint = self.checkpoint_of(p, &store, None);
+                self.close_unwanted(p, store, Some(checkpoint));
+                return;
+            }
+        }
+        let task = self.tasks.get_mut(&p).expect("checked");
         task.store_id = Some(store.id());
         task.store = Some(store);
-        info!(partition = p, role = ?role, ms = started.elapsed().as_millis() as u64,
-            "store reopened for its new role's memory budget");
         // A scan of the closed store ended with it; the reopened store is scanned anew.
-        if let Some(v) = task
+        if let Some(reason) = task
             .health
             .verification
             .as_ref()
             .filter(|v| v.finished_at_ms.is_none())
+            .map(|v| v.reason)
         {
-            let reason = v.reason;
             self.start_verification(p, reason);
         }
-        Ok(())
+        // A standby's store follows its changelog (its FollowChangelog came while it was
+        // away); a restoring task's is handed to the restore by the next step.
+        let task = self.tasks.get_mut(&p).expect("checked");
+        if task.is(&Phase::Standby)
+            && let Some(store) = task.store.take()
+        {
+            self.updater.follow(p, store);
+            self.in_updater.insert(p);
+        }
+        self.publish_tasks(true);
     }
 
-    fn open_store(&self, partition: i32) -> Result<TaskStore, StoreError> {
-        let state = &self.shared.state_dir;
-        let store = TaskStore::open(
-            &state.store_dir(partition),
-            state.wal_dir(partition).as_deref(),
-            &self.cfg.rocksdb,
-            &self.memory,
-            self.memory_role(partition),
-            Window {
-                retention: self.cfg.retention,
-                max_skew: self.cfg.max_skew,
-            },
-            &ChangelogIdentity {
-                topic: self.cfg.changelog_topic.clone(),
-                partition,
-                topic_id: self.cfg.changelog_topic_id,
-            },
-        )?;
-        Ok(store)
+    /// Closes a store that arrived for no task on the store thread.
+    fn close_unwanted(&mut self, p: i32, store: TaskStore, checkpoint: Option<Checkpoint>) {
+        info!(
+            partition = p,
+            "closing a store opened for a task that no longer waits for it"
+        );
+        self.store_io.insert(p);
+        self.updater.close(p, store, checkpoint);
+    }
+
+    /// The store thread closed a store: its directory is free.
+    fn on_store_closed(&mut self, p: i32, result: Result<(), StoreError>) {
+        self.store_io.remove(&p);
+        if let Err(e) = result {
+            // Nothing is lost: what it held is in the changelog, and without a checkpoint its
+            // next open replays its tail and scans it.
+            warn!(partition = p, error = %e, "closing the store failed");
+        }
+        self.release_if_unused(p);
+    }
+
+    /// Lets the other processing threads have the partition's store directory, unless a task
+    /// of this engine still has it or the store thread is not done with it.
+    fn release_if_unused(&mut self, p: i32) {
+        if !self.tasks.contains_key(&p) && !self.store_io.contains(&p) {
+            self.shared.release_store(p, self.cfg.thread);
+        }
+    }
+
+    /// Waits (at most `timeout`) for the store thread to finish what it was asked to do, taking
+    /// in what it reports, as a drain does before it closes the stores.
+    pub(super) fn settle_store_io(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.store_io.is_empty() && Instant::now() < deadline {
+            self.shared.beat(self.cfg.thread);
+            if let Some(update) = self.updater.wait_update(Duration::from_millis(100))
+                && let Err(e) = self.on_update(update)
+            {
+                warn!(error = %e, "the state updater failed while the stores settled");
+            }
+        }
     }
 
     /// Hands the stores of tasks that are to restore over to the state updater, and takes
@@ -353,88 +478,7 @@ impl Engine {
         let mut any_done = false;
         while let Some(update) = self.updater.next_update() {
             changed = true;
-            match update {
-                Update::Began {
-                    partition: p,
-                    from,
-                    to_restore,
-                } => {
-                    if let Some(task) = self.tasks.get_mut(&p).filter(|t| t.is(&Phase::Standby)) {
-                        info!(partition = p, from = ?from, behind = to_restore, "standby follows the changelog");
-                        task.health.store_changelog_offset = from;
-                        continue;
-                    }
-                    info!(partition = p, from = ?from, to_restore, "restoring store from the changelog");
-                    if let Some(task) = self.tasks.get_mut(&p) {
-                        task.health.restore = Some(RestoreProgress {
-                            records_restored: 0,
-                            records_to_restore: to_restore,
-                            started_at_ms: now_ms(),
-                            finished_at_ms: None,
-                        });
-                    }
-                }
-                Update::Progress {
-                    partition: p,
-                    restored,
-                    changelog_offset,
-                } => match self.tasks.get_mut(&p) {
-                    // What a standby applies is not a restore (the restore metrics count what
-                    // a task waited for).
-                    Some(task) if task.is(&Phase::Standby) => {
-                        task.health.store_changelog_offset = changelog_offset;
-                    }
-                    _ => self.on_restored(p, restored, changelog_offset, false),
-                },
-                Update::Restored {
-                    partition: p,
-                    restored,
-                    store,
-                } => {
-                    let offset = store.meta().changelog_offset;
-                    if self.give_back(p, store) {
-                        self.on_restored(p, restored, offset, true);
-                        any_done = true;
-                    }
-                }
-                Update::Failed {
-                    partition: p,
-                    store,
-                    error,
-                } => {
-                    if self.give_back(p, store) {
-                        self.on_restore_failed(p, error)?;
-                    }
-                }
-                Update::Skipped {
-                    partition: p,
-                    skipped,
-                } => {
-                    warn!(
-                        partition = p,
-                        records = skipped.records,
-                        last_offset = skipped.last_offset,
-                        last_reason = skipped.last_reason,
-                        "skipped changelog records this processor cannot read (it did not write them)"
-                    );
-                    self.metrics
-                        .changelog_records_skipped
-                        .inc_by(skipped.records);
-                    self.shared.update(false, |h| {
-                        h.skipped_changelog_records += skipped.records;
-                        h.last_skipped_changelog_record = Some(format!(
-                            "{p}/{}: {}",
-                            skipped.last_offset, skipped.last_reason
-                        ));
-                    });
-                }
-                Update::ReaderFailed { error, stores } => {
-                    for (p, store) in stores {
-                        self.give_back(p, store);
-                    }
-                    return Err(error.into());
-                }
-            }
+            any_done |= self.on_update(update)?;
         }
         // Restore progress is what the agent reports during a restore: publish it as it comes,
         // not only on the timer.
@@ -442,6 +486,97 @@ impl Engine {
             self.publish_tasks(any_done);
         }
         Ok(())
+    }
+
+    /// Takes in one update of the state updater; `Ok(true)`: a restore finished.
+    fn on_update(&mut self, update: Update) -> Result<bool, EngineError> {
+        let mut done = false;
+        match update {
+            Update::Began {
+                partition: p,
+                from,
+                to_restore,
+            } => {
+                if let Some(task) = self.tasks.get_mut(&p).filter(|t| t.is(&Phase::Standby)) {
+                    info!(partition = p, from = ?from, behind = to_restore, "standby follows the changelog");
+                    task.health.store_changelog_offset = from;
+                    return Ok(false);
+                }
+                info!(partition = p, from = ?from, to_restore, "restoring store from the changelog");
+                if let Some(task) = self.tasks.get_mut(&p) {
+                    task.health.restore = Some(RestoreProgress {
+                        records_restored: 0,
+                        records_to_restore: to_restore,
+                        started_at_ms: now_ms(),
+                        finished_at_ms: None,
+                    });
+                }
+            }
+            Update::Progress {
+                partition: p,
+                restored,
+                changelog_offset,
+            } => match self.tasks.get_mut(&p) {
+                // What a standby applies is not a restore (the restore metrics count what
+                // a task waited for).
+                Some(task) if task.is(&Phase::Standby) => {
+                    task.health.store_changelog_offset = changelog_offset;
+                }
+                _ => self.on_restored(p, restored, changelog_offset, false),
+            },
+            Update::Restored {
+                partition: p,
+                restored,
+                store,
+            } => {
+                let offset = store.meta().changelog_offset;
+                if self.give_back(p, store) {
+                    self.on_restored(p, restored, offset, true);
+                    done = true;
+                }
+            }
+            Update::Failed {
+                partition: p,
+                store,
+                error,
+            } => {
+                if self.give_back(p, store) {
+                    self.on_restore_failed(p, error)?;
+                }
+            }
+            Update::Skipped {
+                partition: p,
+                skipped,
+            } => {
+                warn!(
+                    partition = p,
+                    records = skipped.records,
+                    last_offset = skipped.last_offset,
+                    last_reason = skipped.last_reason,
+                    "skipped changelog records this processor cannot read (it did not write them)"
+                );
+                self.metrics
+                    .changelog_records_skipped
+                    .inc_by(skipped.records);
+                self.shared.update(false, |h| {
+                    h.skipped_changelog_records += skipped.records;
+                    h.last_skipped_changelog_record = Some(format!(
+                        "{p}/{}: {}",
+                        skipped.last_offset, skipped.last_reason
+                    ));
+                });
+            }
+            Update::ReaderFailed { error, stores } => {
+                for (p, store) in stores {
+                    self.give_back(p, store);
+                }
+                return Err(error.into());
+            }
+            Update::Opened { partition, result } => self.on_store_opened(partition, result),
+            Update::Reopened { partition, result } => self.on_store_reopened(partition, result),
+            Update::Closed { partition, result } => self.on_store_closed(partition, result),
+        }
+        Ok(done)
     }
 
     /// A store the state updater hands back goes to its task. Returns false if the task is
