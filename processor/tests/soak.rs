@@ -8,7 +8,7 @@
 //! coordinator no longer knew of (`kafka-transactions.sh describe-producers` vs `list`), so
 //! the last stable offset never moved and the restore waited for good. That is Kafka's
 //! hanging-transaction problem (KIP-664, KIP-890), not something a client can end: an
-//! administrator aborts it (README, Limits). The kill -9 of the broker is tested on its own in
+//! administrator aborts it (docs/guarantees.md, the limits). The kill -9 of the broker is tested on its own in
 //! environment.rs, with lighter traffic.
 
 mod common;

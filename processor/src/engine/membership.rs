@@ -69,7 +69,7 @@ pub fn bound_consumer_buffer(client: &mut ClientConfig) {
     // When that buffer is full, librdkafka postpones each partition's next fetch by this long
     // (1 s by default). One engine drains 16 MiB in well under a second, so with the default
     // it ran dry and waited: bursts of processing between idle gaps of 0.5-2.5 s, and 56% of
-    // the throughput it reaches with 10 ms (make bench-compare, README "Performance").
+    // the throughput it reaches with 10 ms (make bench-compare, docs/performance.md).
     default_property(client, "fetch.queue.backoff.ms", "10");
 }
 
