@@ -14,6 +14,9 @@
 //!   for exceeding its memory limit (how a real node reports an OOM kill);
 //! - `crash-after-commit`: the process aborts right after the Kafka transaction holding the
 //!   record committed, before its writes reach the store;
+//! - `pause-before-commit`: the transaction holding the record waits for the delay once its
+//!   records are delivered and its offsets sent, right before the commit is asked of the
+//!   coordinator (not in the stage: a test takes the broker away in that gap);
 //! - `crash-after-route`: (repartitioning only) the process aborts right after the route stage
 //!   handed the record to the producer for the repartition topic, before that transaction
 //!   commits.
@@ -39,6 +42,7 @@ use crate::store::StoreError;
 pub const FAULT_HEADER: &str = "streamapp.fault";
 pub const ENV: &str = "STREAMAPP_FAULTS";
 const ROUTE_CRASH: &str = "crash-after-route";
+const COMMIT_PAUSE: &str = "pause-before-commit";
 
 /// A fault header's `<name>[:<delay ms>]`.
 fn parse_request(requested: Option<&[u8]>) -> Option<(&str, Option<Duration>)> {
@@ -54,6 +58,8 @@ pub struct Faults {
     budget: HashMap<String, u32>,
     /// A record asked to crash after its transaction commits.
     crash_after_commit: bool,
+    /// A record asked its transaction to wait this long before the commit.
+    pause_before_commit: Option<Duration>,
 }
 
 /// What one open of a task's store is to suffer (see the module's `slow-open` and
@@ -117,6 +123,7 @@ impl Faults {
         Faults {
             budget,
             crash_after_commit: false,
+            pause_before_commit: None,
         }
     }
 
@@ -136,6 +143,10 @@ impl Faults {
             return Ok(());
         };
         if name == ROUTE_CRASH || !self.take(name) {
+            return Ok(());
+        }
+        if name == COMMIT_PAUSE {
+            self.pause_before_commit = delay;
             return Ok(());
         }
         if let Some(delay) = delay {
@@ -179,6 +190,18 @@ impl Faults {
         {
             tracing::warn!("fault injection: crashing after routing a record");
             std::process::abort();
+        }
+    }
+
+    /// Called once a transaction's records are delivered and its offsets sent, right before
+    /// the commit.
+    pub fn before_commit(&mut self) {
+        if let Some(pause) = self.pause_before_commit.take() {
+            tracing::warn!(
+                pause_ms = pause.as_millis() as u64,
+                "fault injection: pausing before the commit"
+            );
+            std::thread::sleep(pause);
         }
     }
 
@@ -234,6 +257,19 @@ mod tests {
         assert_eq!(f.after_put(Some(b"fail-after-put")), Ok(()));
         let mut off = Faults::default();
         assert_eq!(off.after_put(Some(b"fail-after-put")), Ok(()));
+    }
+
+    #[test]
+    fn a_pause_before_the_commit_is_not_spent_in_the_stage_but_once_before_the_commit() {
+        let mut f = Faults::parse("pause-before-commit=1");
+        let start = std::time::Instant::now();
+        assert_eq!(f.after_put(Some(b"pause-before-commit:50")), Ok(()));
+        assert!(start.elapsed() < Duration::from_millis(50));
+        f.before_commit();
+        assert!(start.elapsed() >= Duration::from_millis(50));
+        let again = std::time::Instant::now();
+        f.before_commit();
+        assert!(again.elapsed() < Duration::from_millis(50), "once");
     }
 
     #[test]

@@ -655,6 +655,99 @@ async fn a_zombie_replaced_by_an_instance_of_the_same_pod_exits_and_never_fences
     assert!(counts(&output).values().all(|&n| n == 1));
 }
 
+/// A purge of the repartition topic that failed while the broker was down is asked for again
+/// once it is back, although the partitions have been idle since: what the dedup stage
+/// committed is deleted from the repartition topic in the end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purge_that_failed_while_the_broker_was_down_is_asked_for_again_on_idle_partitions() {
+    let _serial = serial().await;
+    let app = App::create(
+        "purgeagain",
+        AppOptions {
+            partitions: 2,
+            dedup_id: serde_json::json!({ "source": "JsonPointer", "jsonPointer": "/id" }),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(app.repartitions());
+    let t0 = now_ms();
+    let mut p = app.start("pod-0");
+    p.wait_ready(MINUTE);
+    app.produce(&ids("purge", 0..200, t0));
+    app.wait_until_processed(MINUTE);
+    let repartition = app.repartition_topic();
+    let committed = testbed::kafka::committed_offsets(&app.id, &repartition);
+    assert!(
+        committed.iter().all(|c| c.is_some_and(|o| o > 0)),
+        "{committed:?}"
+    );
+    // Down for longer than a purge interval (30 s): the purge asked for meanwhile fails.
+    testbed::kafka::stop_broker_for(Duration::from_secs(40));
+
+    // Nothing is produced any more: only a purge asked for again can move the starts.
+    let deadline = std::time::Instant::now() + 3 * MINUTE;
+    loop {
+        let starts = testbed::kafka::start_offsets(&repartition);
+        if starts.iter().zip(&committed).all(|(s, c)| Some(*s) == *c) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the repartition topic was not purged up to the committed offsets {committed:?} after the broker came back: starts {starts:?}\n{}",
+            p.log_tail()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(p.is_running(), "{}", p.log_tail());
+}
+
+/// A commit still unanswered when its retries end (the broker frozen for longer than the two
+/// minutes the processor retries it) has an unknown outcome: the coordinator may still commit
+/// it when the broker runs again, since the request waits in its socket. So the processor
+/// starts its engine again and lets the coordinator decide, rather than taking the transaction
+/// as aborted and processing its records again. Every id once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_unanswered_past_its_retries_is_left_to_the_coordinator_and_every_id_is_output_once()
+ {
+    let _serial = serial().await;
+    let app = App::with_partitions("lostcommit", 1).await;
+    let t0 = now_ms();
+    let mut p = app.start_with("pod-0", &[("STREAMAPP_FAULTS", "pause-before-commit=1")]);
+    p.wait_ready(MINUTE);
+    app.produce(&ids("before", 0..50, t0));
+    app.wait_until_processed(MINUTE);
+
+    // x's transaction has its records delivered and its offsets sent; the broker freezes
+    // before the commit is asked, for the 120 s of retries (calls of up to 10 s) and a margin.
+    app.produce(&[Input::cmd("x", t0 + 100).header("streamapp.fault", "pause-before-commit:3000")]);
+    wait_for_log(&p, "pausing before the commit", MINUTE);
+    testbed::kafka::freeze_broker_for(Duration::from_secs(145));
+
+    let mut more = ids("after", 0..50, t0 + 200);
+    more.extend(ids("before", 0..10, t0 + 300)); // repeats
+    more.push(Input::cmd("x", t0 + 400)); // a repeat
+    app.produce(&more);
+    app.wait_until_processed(3 * MINUTE);
+    assert!(p.is_running(), "{}", p.log_tail());
+    assert!(
+        p.log_text().contains("the commit's outcome is unknown"),
+        "the commit was retried until its deadline and left to the coordinator:\n{}",
+        p.log_tail()
+    );
+    let output = counts(&app.read(&app.output));
+    assert_eq!(output.len(), 101, "every id: {output:?}");
+    assert!(
+        output.values().all(|&n| n == 1),
+        "every id once: {output:?}"
+    );
+    assert_eq!(
+        app.read(&app.duplicates).len(),
+        11,
+        "the repeats are duplicates"
+    );
+}
+
 /// A changelog deleted and created again, which then grew past a store's offset, is still
 /// another log: the store records the topic's id and is rebuilt from the new log instead of
 /// replaying its tail from an offset that means something else there.

@@ -369,7 +369,38 @@ pub fn restart_broker_cleanly() {
     restart_broker("TERM");
 }
 
-fn restart_broker(signal: &str) {
+/// Stops the local broker cleanly, keeps it away for `away`, then starts it again as
+/// [`restart_broker_cleanly`] does: a broker down for longer than a client's request timeouts.
+pub fn stop_broker_for(away: Duration) {
+    let pid = broker_pid();
+    signal_broker(pid, "TERM");
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(away);
+    start_broker();
+}
+
+/// Freezes the local broker (SIGSTOP) for `away`, then lets it go on (SIGCONT): its
+/// connections stay open and what clients send meanwhile waits in its sockets, to be handled
+/// when it runs again — a request a client gave up on can still take effect.
+pub fn freeze_broker_for(away: Duration) {
+    let pid = broker_pid();
+    signal_broker(pid, "STOP");
+    std::thread::sleep(away);
+    signal_broker(pid, "CONT");
+}
+
+fn signal_broker(pid: u32, signal: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("running kill");
+    assert!(sent.success(), "kill -{signal} {pid} failed");
+}
+
+/// The pid of the test bed's broker, checked to be in this test's network namespace.
+fn broker_pid() -> u32 {
     let run = crate::run_dir();
     let pidfile = run.join("kafka/kafka.pid");
     let pid: u32 = std::fs::read_to_string(&pidfile)
@@ -387,16 +418,22 @@ fn restart_broker(signal: &str) {
     assert!(
         theirs.is_some() && theirs == ours,
         "the broker (pid {pid}) is not in this test's network namespace ({theirs:?} vs {ours:?}): \
-         refusing to kill it; run the tests with `dev/net.sh exec`"
+         refusing to signal it; run the tests with `dev/net.sh exec`"
     );
-    let killed = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status()
-        .expect("running kill");
-    assert!(killed.success(), "kill -{signal} {pid} failed");
+    pid
+}
+
+fn restart_broker(signal: &str) {
+    let pid = broker_pid();
+    signal_broker(pid, signal);
     while std::path::Path::new(&format!("/proc/{pid}")).exists() {
         std::thread::sleep(Duration::from_millis(100));
     }
+    start_broker();
+}
+
+/// Starts the local broker with `dev/kafka.sh start` and waits until it leads every partition.
+fn start_broker() {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kafka.sh");
     let out = std::process::Command::new(&script)
         .arg("start")

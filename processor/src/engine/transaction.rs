@@ -202,6 +202,9 @@ impl Engine {
             ),
         };
         let offsets_sent = commit_start.elapsed();
+        if sent.is_ok() {
+            self.faults.before_commit();
+        }
         // (facts, whether the commit itself was still retriable when retries stopped)
         let committed = sent.map_err(|facts| (facts, false)).and_then(|()| {
             retry_txn(&shared, self.cfg.thread, || {
