@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::{App, Processor, now_ms, serial};
 use rand::RngExt;
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, PurgeConfig};
 use testbed::kafka::{self, Isolation};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -52,7 +52,12 @@ async fn three_processors_keep_exactly_once_through_kill_9s_a_zombie_and_a_broke
     let sender = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            let producer: BaseProducer = kafka::input_producer_config()
+            // Not idempotent: librdkafka's idempotent producer stalled for good after the
+            // broker restart here (in one run of three); a retried send that doubles a record
+            // is harmless, since the input is read back as it is.
+            let producer: BaseProducer = kafka::client_config()
+                .set("enable.idempotence", "false")
+                .set("acks", "all")
                 .set("linger.ms", "5")
                 .create()
                 .unwrap();
@@ -76,7 +81,16 @@ async fn three_processors_keep_exactly_once_through_kill_9s_a_zombie_and_a_broke
                 }
                 producer.poll(Duration::from_millis(100));
             }
-            producer.flush(Duration::from_secs(120)).unwrap();
+            // A record this producer could not deliver is simply not part of the input read
+            // back; the processors are under test, not the sender.
+            if let Err(e) = producer.flush(Duration::from_secs(30)) {
+                eprintln!(
+                    "soak: the input producer did not deliver {} records in 30 s ({e}); purging them",
+                    producer.in_flight_count()
+                );
+                producer.purge(PurgeConfig::default().queue().inflight());
+                let _ = producer.flush(Duration::from_secs(10));
+            }
         })
     };
 
