@@ -238,43 +238,26 @@ impl Elector {
         };
 
         let record = Record::of(&lease);
-        if self
-            .observed
-            .as_ref()
-            .is_none_or(|(seen, _)| *seen != record)
-        {
-            self.observed = Some((record.clone(), Instant::now()));
-        }
-        let held_by_me = record.holder.as_deref() == Some(me.as_str());
-        let held_by_other = record
-            .holder
-            .as_deref()
-            .is_some_and(|h| !h.is_empty() && h != me);
-        if held_by_other {
-            let duration = Duration::from_secs(
-                record
-                    .lease_duration_seconds
-                    .unwrap_or(duration_secs)
-                    .max(0) as u64,
-            );
-            let unchanged_for = self
-                .observed
-                .as_ref()
-                .map_or(Duration::ZERO, |(_, since)| since.elapsed());
-            if unchanged_for < duration {
-                return Ok(false);
+        let now_seen = Instant::now();
+        let since = first_seen(self.observed.as_ref(), &record, now_seen);
+        self.observed = Some((record.clone(), since));
+        let transition = match decide(
+            &record,
+            &me,
+            now_seen.duration_since(since),
+            self.settings.lease_duration,
+        ) {
+            Decision::Wait => return Ok(false),
+            Decision::Renew => false,
+            Decision::Take { expired_holder } => {
+                if expired_holder.is_some() {
+                    info!(lease = %self.lease(), previous = ?expired_holder, "lease expired; taking it over");
+                }
+                true
             }
-            info!(lease = %self.lease(), previous = ?record.holder, "lease expired; taking it over");
-        }
-
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if !held_by_me {
-            spec.acquire_time = Some(now.clone());
-            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-        }
-        spec.holder_identity = Some(me);
-        spec.lease_duration_seconds = Some(duration_secs);
-        spec.renew_time = Some(now);
+        };
+        let spec = lease.spec.take().unwrap_or_default();
+        lease.spec = Some(claimed(spec, &me, now, duration_secs, transition));
         // `lease` carries the resourceVersion read above: if anyone wrote in between, this fails
         // with a conflict instead of overwriting them.
         match self
@@ -292,6 +275,71 @@ impl Elector {
     }
 }
 
+/// What a candidate does with the lease record it read.
+#[derive(Debug, PartialEq)]
+enum Decision {
+    /// Another candidate holds it and has renewed within its lease duration.
+    Wait,
+    /// It is this candidate's: renew it.
+    Renew,
+    /// Take it: it is free, or its holder (`expired_holder`) has not renewed it for a whole
+    /// lease duration.
+    Take { expired_holder: Option<String> },
+}
+
+/// When `record` was first seen unchanged, on this candidate's own clock: `now` unless it is
+/// the record `observed` last.
+fn first_seen(observed: Option<&(Record, Instant)>, record: &Record, now: Instant) -> Instant {
+    match observed {
+        Some((seen, since)) if seen == record => *since,
+        _ => now,
+    }
+}
+
+/// The election's rule (client-go's): a lease held by another candidate is taken only once its
+/// record has stayed unchanged for a whole lease duration (the lease's own, else ours), as
+/// measured on this candidate's clock (`unchanged_for`), so clock skew between nodes does not
+/// matter.
+fn decide(record: &Record, me: &str, unchanged_for: Duration, our_duration: Duration) -> Decision {
+    match record.holder.as_deref() {
+        Some(holder) if holder == me => Decision::Renew,
+        None | Some("") => Decision::Take {
+            expired_holder: None,
+        },
+        Some(holder) => {
+            let duration = record
+                .lease_duration_seconds
+                .map_or(our_duration, |s| Duration::from_secs(s.max(0) as u64));
+            if unchanged_for < duration {
+                Decision::Wait
+            } else {
+                Decision::Take {
+                    expired_holder: Some(holder.to_string()),
+                }
+            }
+        }
+    }
+}
+
+/// The lease's spec once `me` holds it at `now`: a `transition` (another holder before, or
+/// none) counts one more transition and sets the acquire time; a renewal keeps both.
+fn claimed(
+    mut spec: LeaseSpec,
+    me: &str,
+    now: MicroTime,
+    duration_secs: i32,
+    transition: bool,
+) -> LeaseSpec {
+    if transition {
+        spec.acquire_time = Some(now.clone());
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    }
+    spec.holder_identity = Some(me.to_string());
+    spec.lease_duration_seconds = Some(duration_secs);
+    spec.renew_time = Some(now);
+    spec
+}
+
 /// A candidate identity: the pod name (or host name) plus a random suffix, so two processes on
 /// one host, or a restarted pod, never pass for each other.
 pub fn identity() -> String {
@@ -307,4 +355,115 @@ pub fn identity() -> String {
         })
         .unwrap_or_else(|| "streamapp-operator".to_string());
     format!("{base}-{:06x}", rand::random::<u32>() & 0xff_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held_by(holder: Option<&str>, duration_secs: Option<i32>) -> Record {
+        Record {
+            holder: holder.map(String::from),
+            renew_time: None,
+            lease_duration_seconds: duration_secs,
+            transitions: Some(3),
+        }
+    }
+
+    const OURS: Duration = Duration::from_secs(15);
+
+    #[test]
+    fn a_free_lease_is_taken_and_our_own_renewed() {
+        for free in [None, Some("")] {
+            assert_eq!(
+                decide(&held_by(free, Some(15)), "me", Duration::ZERO, OURS),
+                Decision::Take {
+                    expired_holder: None
+                }
+            );
+        }
+        assert_eq!(
+            decide(&held_by(Some("me"), Some(15)), "me", Duration::ZERO, OURS),
+            Decision::Renew
+        );
+    }
+
+    #[test]
+    fn another_holders_lease_is_taken_only_after_a_whole_duration_unchanged_on_our_clock() {
+        let theirs = held_by(Some("other"), Some(15));
+        assert_eq!(
+            decide(&theirs, "me", Duration::from_secs(14), OURS),
+            Decision::Wait
+        );
+        assert_eq!(
+            decide(&theirs, "me", Duration::from_secs(15), OURS),
+            Decision::Take {
+                expired_holder: Some("other".into())
+            }
+        );
+        // The lease's own duration counts, not ours; ours only when it has none.
+        let long = held_by(Some("other"), Some(60));
+        assert_eq!(
+            decide(&long, "me", Duration::from_secs(30), OURS),
+            Decision::Wait
+        );
+        assert_eq!(
+            decide(
+                &held_by(Some("other"), None),
+                "me",
+                Duration::from_secs(15),
+                OURS
+            ),
+            Decision::Take {
+                expired_holder: Some("other".into())
+            }
+        );
+    }
+
+    #[test]
+    fn a_record_is_timed_from_when_it_was_first_seen_unchanged() {
+        let start = Instant::now();
+        let later = start + Duration::from_secs(5);
+        let record = held_by(Some("other"), Some(15));
+        let seen = (record.clone(), start);
+        assert_eq!(first_seen(Some(&seen), &record, later), start);
+        // A renewal (any change of the record) starts the count again.
+        let renewed = Record {
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..record
+        };
+        assert_eq!(first_seen(Some(&seen), &renewed, later), later);
+        assert_eq!(first_seen(None, &renewed, later), later);
+    }
+
+    #[test]
+    fn taking_the_lease_counts_a_transition_and_renewing_keeps_the_acquire_time() {
+        let acquired = MicroTime(Timestamp::from_second(1_000).unwrap());
+        let now = MicroTime(Timestamp::from_second(2_000).unwrap());
+        let before = LeaseSpec {
+            holder_identity: Some("other".into()),
+            acquire_time: Some(acquired.clone()),
+            lease_transitions: Some(3),
+            ..Default::default()
+        };
+        let taken = claimed(before.clone(), "me", now.clone(), 15, true);
+        assert_eq!(taken.holder_identity.as_deref(), Some("me"));
+        assert_eq!(taken.lease_transitions, Some(4));
+        assert_eq!(taken.acquire_time, Some(now.clone()));
+        assert_eq!(taken.renew_time, Some(now.clone()));
+        assert_eq!(taken.lease_duration_seconds, Some(15));
+        let renewed = claimed(
+            LeaseSpec {
+                holder_identity: Some("me".into()),
+                ..before
+            },
+            "me",
+            now.clone(),
+            15,
+            false,
+        );
+        assert_eq!(renewed.lease_transitions, Some(3));
+        assert_eq!(renewed.acquire_time, Some(acquired));
+        assert_eq!(renewed.renew_time, Some(now));
+    }
 }

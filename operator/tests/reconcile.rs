@@ -867,6 +867,73 @@ async fn the_reports_of_pods_scaled_away_are_removed_from_the_status() {
     .await;
 }
 
+/// An old pod's agent (its node came back after the pod was replaced) writes over the entry
+/// of the pod of the same name: the entry carries the old pod's UID, so the operator neither
+/// counts it nor keeps it; the current pod's own report is kept.
+#[tokio::test]
+async fn a_report_from_an_older_pod_of_the_same_name_is_not_counted_and_is_removed() {
+    with_operator("stale-uid", |client, ns| async move {
+        create(&client, &ns, streamapp_json("search", 1)).await;
+        let pod = eventually(Duration::from_secs(60), "pod search-0 to exist", || async {
+            Api::<Pod>::namespaced(client.clone(), &ns)
+                .get_opt("search-0")
+                .await
+                .ok()
+                .flatten()
+        })
+        .await;
+        let live_uid = pod.metadata.uid.clone().unwrap();
+        let api: Api<StreamApp> = Api::namespaced(client.clone(), &ns);
+        let report = |uid: &str, restore_lag: i64| {
+            serde_json::json!({
+                "apiVersion": "streamapp.dev/v1alpha1", "kind": "StreamApp",
+                "status": { "pods": [{
+                    "name": "search-0", "uid": uid, "phase": "Running", "processorUp": true, "ready": true,
+                    "tasks": [{ "partition": 0, "restoreLag": restore_lag }],
+                }] },
+            })
+        };
+        let write = |entry: serde_json::Value| {
+            let api = api.clone();
+            async move {
+                api.patch_status(
+                    "search",
+                    &PatchParams::apply("streamapp-agent/search-0").force(),
+                    &Patch::Apply(&entry),
+                )
+                .await
+                .unwrap();
+            }
+        };
+        // The current pod's agent: counted.
+        write(report(&live_uid, 42)).await;
+        wait_for_status(&client, &ns, "search", "the live pod's report counted", |s| {
+            s.worst_restore_lag == Some(42)
+        })
+        .await;
+        // The old pod's agent writes over it: never counted, and removed.
+        write(report("uid-of-the-replaced-pod", 7)).await;
+        let status = wait_for_status(&client, &ns, "search", "the stale entry removed", |s| {
+            s.pods.iter().all(|p| p.uid.as_deref() != Some("uid-of-the-replaced-pod"))
+        })
+        .await;
+        assert_ne!(
+            status.worst_restore_lag,
+            Some(7),
+            "the stale report was counted: {status:#?}"
+        );
+        // The current pod's agent writes again: counted again.
+        write(report(&live_uid, 43)).await;
+        let status = wait_for_status(&client, &ns, "search", "the live pod's report counted", |s| {
+            s.worst_restore_lag == Some(43)
+        })
+        .await;
+        assert_eq!(status.pods.len(), 1);
+        assert_eq!(status.pods[0].uid.as_deref(), Some(live_uid.as_str()));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn kubectl_scale_still_works_while_a_rollout_is_blocked() {
     with_operator("scale-blocked", |client, ns| async move {
