@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::Proc;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -21,6 +20,7 @@ use streamapp_operator::status::{
 };
 use testbed::kafka;
 use testbed::kube::TestNamespace;
+use testbed::process::{Spawned, free_port};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const APP: &str = "dedup";
@@ -86,13 +86,13 @@ impl Pipeline {
             input,
             config: path,
             state,
-            port: common::free_port(),
+            port: free_port(),
             dir,
             starts: 0,
         }
     }
 
-    fn start_processor(&mut self) -> Proc {
+    fn start_processor(&mut self) -> Spawned {
         self.starts += 1;
         let mut cmd = Command::new(common::processor_bin());
         cmd.arg("run")
@@ -101,7 +101,7 @@ impl Pipeline {
             .env("STREAMAPP_STATE_DIR", &self.state)
             .env("STREAMAPP_HTTP_PORT", self.port.to_string())
             .env("RUST_LOG", "info,librdkafka=warn");
-        Proc::spawn(
+        Spawned::spawn(
             cmd,
             &self
                 .dir
@@ -110,7 +110,7 @@ impl Pipeline {
         )
     }
 
-    fn start_agent(&self, ns: &str, kubeconfig: &Path, metrics_port: u16) -> Proc {
+    fn start_agent(&self, ns: &str, kubeconfig: &Path, metrics_port: u16) -> Spawned {
         let mut cmd = Command::new(common::AGENT_BIN);
         cmd.arg("run")
             .env("POD_NAME", POD)
@@ -125,7 +125,7 @@ impl Pipeline {
             .env("STREAMAPP_AGENT_METRICS_PORT", metrics_port.to_string())
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,streamapp_agent=debug");
-        Proc::spawn(cmd, &self.dir.path().join("agent.log"))
+        Spawned::spawn(cmd, &self.dir.path().join("agent.log"))
     }
 
     /// Produces `n` records with fresh keys to `partition` and waits until the broker has them.
@@ -248,7 +248,7 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
     let mut p = Pipeline::create().await;
     // The agent runs as its ServiceAccount, with a token from the TokenRequest API.
     let (_, kubeconfig) = common::service_account_client(&admin, &ns.name, &sa, p.dir.path()).await;
-    let metrics_port = common::free_port();
+    let metrics_port = free_port();
 
     let mut agent = p.start_agent(&ns.name, &kubeconfig, metrics_port);
     let mut processor = p.start_processor();
@@ -481,7 +481,7 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
     // 6. The pod goes away. The agent's SIGTERM may come while the processor still runs (the
     // kubelet stops a native sidecar last, but nothing else orders them): it waits for the
     // drain the preStop hook runs, reports it, and exits 0.
-    agent.sigterm();
+    agent.signal("TERM");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         agent.is_running(),

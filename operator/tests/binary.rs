@@ -2,11 +2,12 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use support::*;
 use testbed::kube::TestNamespace;
+use testbed::process::{Spawned, free_port};
 
 const OPERATOR: &str = env!("CARGO_BIN_EXE_streamapp-operator");
 
@@ -37,24 +38,6 @@ fn crdgen_prints_the_committed_crd() {
     );
 }
 
-/// Kills the child when the test ends, whatever happens.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn get(url: &str) -> Option<String> {
     let out = tokio::process::Command::new("curl")
         .args(["-sf", "--max-time", "2", url])
@@ -72,22 +55,19 @@ async fn the_binary_reconciles_its_namespace_and_serves_metrics_and_health() {
     install_crd(&client).await;
     let ns = TestNamespace::create(&client, "binary").await;
     let port = free_port();
-    let _operator = Child(
-        Command::new(OPERATOR)
-            .args([
-                "--metrics-port",
-                &port.to_string(),
-                "--namespace",
-                &ns.name,
-                "--lease-namespace",
-                &ns.name,
-            ])
-            .env("KUBECONFIG", testbed::kube::kubeconfig_path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
+    let mut operator = Command::new(OPERATOR);
+    operator
+        .args([
+            "--metrics-port",
+            &port.to_string(),
+            "--namespace",
+            &ns.name,
+            "--lease-namespace",
+            &ns.name,
+        ])
+        .env("KUBECONFIG", testbed::kube::kubeconfig_path());
+    let log = std::env::temp_dir().join(format!("{}-operator.log", ns.name));
+    let _operator = Spawned::spawn(operator, &log);
     create(&client, &ns.name, streamapp_json("orders", 1)).await;
     wait_for_status(&client, &ns.name, "orders", "the binary's status", |s| {
         s.phase.is_some()

@@ -1,11 +1,11 @@
 //! Harness for the agent's integration tests: the StreamApp CRD on the local API server, a
 //! StreamApp per test, the agent's RBAC as the operator creates it, a client (and a
-//! kubeconfig) that acts as the agent's ServiceAccount, and processes (processor, agent).
+//! kubeconfig) that acts as the agent's ServiceAccount. The processes themselves are
+//! [`testbed::process::Spawned`].
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -191,98 +191,5 @@ impl PodEntry {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-    }
-}
-
-/// A free TCP port on localhost.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A child process that is killed (SIGKILL) when dropped, with its output in a log file.
-pub struct Proc {
-    pub child: Option<Child>,
-    pub log: PathBuf,
-}
-
-impl Proc {
-    pub fn spawn(mut cmd: Command, log: &Path) -> Proc {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap();
-        cmd.stdout(file.try_clone().unwrap()).stderr(file);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
-        Proc {
-            child: Some(child),
-            log: log.into(),
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
-    }
-
-    pub fn is_running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().unwrap().is_none())
-    }
-
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Sends SIGTERM (via kill(1): no unsafe code here).
-    pub fn sigterm(&self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .expect("running kill");
-        assert!(status.success(), "kill -TERM {} failed", self.pid());
-    }
-
-    /// Waits for the exit; returns the exit code.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = std::time::Instant::now() + timeout;
-        let child = self.child.as_mut().expect("process was started");
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                self.child = None;
-                return status.code();
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "process did not exit within {timeout:?}:\n{}",
-                self.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        format!(
-            "--- {} ---\n{}",
-            self.log.display(),
-            lines[lines.len().saturating_sub(40)..].join("\n")
-        )
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }

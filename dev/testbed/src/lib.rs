@@ -10,6 +10,7 @@ pub mod helm;
 pub mod kafka;
 pub mod kube;
 pub mod node;
+pub mod process;
 
 use std::path::PathBuf;
 

@@ -25,6 +25,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use testbed::kafka::{self, Isolation};
+use testbed::process::free_port;
 
 pub const PROCESSOR_BIN: &str = env!("CARGO_BIN_EXE_streamapp-processor");
 pub const PARTITIONS: i32 = 4;
@@ -567,14 +568,6 @@ pub fn http(port: u16, method: &str, path: &str) -> Option<(u16, String)> {
     streamapp_api::probe::call(addr, method, path, Duration::from_secs(60))
         .ok()
         .map(|r| (r.status, r.body))
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 pub fn now_us() -> i64 {

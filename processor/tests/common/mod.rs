@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use testbed::kafka::{self, Isolation};
+use testbed::process::{Spawned, free_port};
 
 /// The processor binary under test: the one this package builds, or `$STREAMAPP_TEST_PROCESSOR`
 /// (to run the suite against another build, such as the previous release, and see which tests
@@ -242,11 +243,6 @@ impl App {
         std::fs::create_dir_all(&state).unwrap();
         let log_name = state.file_name().unwrap().to_string_lossy().into_owned();
         let log_path = self.dir.path().join(format!("{log_name}.log"));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .unwrap();
         let mut cmd = match prefix.split_first() {
             None => Command::new(bin()),
             Some((program, args)) => {
@@ -264,19 +260,15 @@ impl App {
                 "RUST_LOG",
                 std::env::var("TEST_PROCESSOR_LOG")
                     .unwrap_or_else(|_| "info,librdkafka=warn".into()),
-            )
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
+            );
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("starting streamapp-processor");
         Processor {
-            child: Some(child),
+            process: Spawned::spawn(cmd, &log_path),
             pod: pod.into(),
             port,
             state,
-            log: log_path,
         }
     }
 
@@ -436,11 +428,10 @@ impl Output {
 
 /// A running (or exited) processor process.
 pub struct Processor {
-    child: Option<Child>,
+    process: Spawned,
     pub pod: String,
     pub port: u16,
     pub state: PathBuf,
-    pub log: PathBuf,
 }
 
 impl Processor {
@@ -462,7 +453,7 @@ impl Processor {
     pub fn wait_ready(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         while !self.is_ready() {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+            if let Some(status) = self.process.exited() {
                 panic!(
                     "processor {} exited with {status} before it was ready:\n{}",
                     self.pod,
@@ -480,17 +471,12 @@ impl Processor {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
+        self.process.pid()
     }
 
     /// Sends `signal` (`STOP`, `CONT`, ...) to the process.
     pub fn signal(&self, signal: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{signal}"), &self.pid().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -{signal} {}", self.pid());
+        self.process.signal(signal)
     }
 
     /// GET `path` on the processor's HTTP port: status and body.
@@ -525,7 +511,7 @@ impl Processor {
     ) -> streamapp_api::health::ProcessorHealth {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+            if let Some(status) = self.process.exited() {
                 panic!(
                     "processor {} exited with {status} waiting for {what}:\n{}",
                     self.pod,
@@ -550,17 +536,12 @@ impl Processor {
 
     /// Whether the process still runs.
     pub fn is_running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().unwrap().is_none())
+        self.process.is_running()
     }
 
     /// SIGKILL: no drain, no flush, an open transaction left behind.
     pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.kill9()
     }
 
     /// Runs `streamapp-processor drain` against this processor (as the preStop hook does).
@@ -596,21 +577,7 @@ impl Processor {
 
     /// Waits for the process to exit; returns its exit code.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        let child = self.child.as_mut().expect("process was started");
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                self.child = None;
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "processor {} did not exit within {timeout:?}:\n{}",
-                self.pod,
-                self.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.process.wait_exit(timeout)
     }
 
     /// Waits for a start-up refusal: exit code 2 and `expected` in the log.
@@ -628,13 +595,16 @@ impl Processor {
     }
 
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log_text()
     }
 
     pub fn log_tail(&self) -> String {
-        let text = self.log_text();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        self.process.log_tail()
+    }
+
+    /// The processor's log file.
+    pub fn log(&self) -> &Path {
+        &self.process.log
     }
 
     /// The processor's health file.
@@ -642,12 +612,6 @@ impl Processor {
         let bytes = std::fs::read(self.state.join(streamapp_api::health::HEALTH_FILE))
             .expect("health file");
         serde_json::from_slice(&bytes).expect("health file parses")
-    }
-}
-
-impl Drop for Processor {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }
 
@@ -743,14 +707,6 @@ pub fn inspect(state: &Path) -> serde_json::Value {
         .unwrap();
     assert!(out.status.success(), "inspect failed");
     serde_json::from_slice(&out.stdout).expect("inspect prints JSON")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Counts of each id in `records`.
