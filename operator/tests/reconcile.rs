@@ -577,12 +577,7 @@ async fn deleting_the_streamapp_garbage_collects_its_objects() {
         create(&client, &ns, streamapp_json("audit", 1)).await;
         let cm_name = template_config_map(&statefulset(&client, &ns, "audit").await);
         wait_for(Duration::from_secs(30), "the ConfigMap", || async {
-            Api::<ConfigMap>::namespaced(client.clone(), &ns)
-                .get_opt(&cm_name)
-                .await
-                .ok()
-                .flatten()
-                .is_some()
+            object::<ConfigMap>(&client, &ns, &cm_name).await.is_some()
         })
         .await;
 
@@ -591,46 +586,24 @@ async fn deleting_the_streamapp_garbage_collects_its_objects() {
             .await
             .unwrap();
         let gone = |c: Client, ns: String| async move {
-            Api::<StatefulSet>::namespaced(c.clone(), &ns)
-                .get_opt("audit")
-                .await
-                .unwrap()
-                .is_none()
-                && Api::<Service>::namespaced(c.clone(), &ns)
-                    .get_opt("audit")
-                    .await
-                    .unwrap()
-                    .is_none()
+            object::<StatefulSet>(&c, &ns, "audit").await.is_none()
+                && object::<Service>(&c, &ns, "audit").await.is_none()
                 && Api::<ConfigMap>::namespaced(c.clone(), &ns)
                     .list(&ListParams::default().labels("streamapp.dev/app=audit"))
                     .await
                     .unwrap()
                     .items
                     .is_empty()
-                && Api::<ConfigMap>::namespaced(c.clone(), &ns)
-                    .get_opt("audit-config")
+                && object::<ConfigMap>(&c, &ns, "audit-config").await.is_none()
+                && object::<PodDisruptionBudget>(&c, &ns, "audit")
                     .await
-                    .unwrap()
                     .is_none()
-                && Api::<PodDisruptionBudget>::namespaced(c.clone(), &ns)
-                    .get_opt("audit")
+                && object::<ServiceAccount>(&c, &ns, "audit-agent")
                     .await
-                    .unwrap()
                     .is_none()
-                && Api::<ServiceAccount>::namespaced(c.clone(), &ns)
-                    .get_opt("audit-agent")
+                && object::<Role>(&c, &ns, "audit-agent").await.is_none()
+                && object::<RoleBinding>(&c, &ns, "audit-agent")
                     .await
-                    .unwrap()
-                    .is_none()
-                && Api::<Role>::namespaced(c.clone(), &ns)
-                    .get_opt("audit-agent")
-                    .await
-                    .unwrap()
-                    .is_none()
-                && Api::<RoleBinding>::namespaced(c.clone(), &ns)
-                    .get_opt("audit-agent")
-                    .await
-                    .unwrap()
                     .is_none()
         };
         wait_for(
@@ -843,12 +816,7 @@ async fn the_reports_of_pods_scaled_away_are_removed_from_the_status() {
             .unwrap();
         }
         wait_for(Duration::from_secs(60), "pod search-0 to exist", || async {
-            Api::<Pod>::namespaced(client.clone(), &ns)
-                .get_opt("search-0")
-                .await
-                .ok()
-                .flatten()
-                .is_some()
+            object::<Pod>(&client, &ns, "search-0").await.is_some()
         })
         .await;
         let status = wait_for_status(&client, &ns, "search", "search-5's entry to go", |s| {
@@ -875,11 +843,7 @@ async fn a_report_from_an_older_pod_of_the_same_name_is_not_counted_and_is_remov
     with_operator("stale-uid", |client, ns| async move {
         create(&client, &ns, streamapp_json("search", 1)).await;
         let pod = eventually(Duration::from_secs(60), "pod search-0 to exist", || async {
-            Api::<Pod>::namespaced(client.clone(), &ns)
-                .get_opt("search-0")
-                .await
-                .ok()
-                .flatten()
+            object::<Pod>(&client, &ns, "search-0").await
         })
         .await;
         let live_uid = pod.metadata.uid.clone().unwrap();

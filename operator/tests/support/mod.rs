@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, CustomResourceExt};
+use kube::{Api, Client, CustomResourceExt, Resource};
+use serde::de::DeserializeOwned;
 use streamapp_api::crd::{StreamApp, StreamAppStatus};
 use streamapp_operator::Settings;
 use streamapp_operator::leader::LeaseSettings;
@@ -17,6 +18,22 @@ use streamapp_operator::metrics::Metrics;
 use testbed::kube::wait_for;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+/// The namespaced object `name` of kind `K`, if it exists. An error from the API server fails
+/// the test: read as "absent" it would let a check that waits for objects to go pass falsely.
+pub async fn object<K>(client: &Client, namespace: &str, name: &str) -> Option<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Api::<K>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("reading {name} in {namespace}: {e}"))
+}
 
 /// Installs (or updates) the StreamApp CRD from the Rust types and waits until it is served.
 pub async fn install_crd(client: &Client) {
