@@ -1,6 +1,8 @@
 //! The StreamApp controller: fetches, calls the pure builders and decisions, applies.
 //!
-//! Every object is applied with server-side apply under one field manager
+//! A running StreamApp's reconcile observes (the StatefulSet, pods, claims, Kafka), asks the
+//! pure [`plan`] what to do (replicas, the reset's step, the scale-in's, when to look again),
+//! and carries it out. Every object is applied with server-side apply under one field manager
 //! ([`crate::owned::FIELD_MANAGER`]), forced, so the operator owns exactly the fields it sets;
 //! the status is applied the same way without `pods`, which the agents own. [`objects`] reads
 //! and writes the objects, [`operations`] works in the StreamApp's Kafka (topic checks, lag,
@@ -8,6 +10,7 @@
 
 mod objects;
 mod operations;
+mod plan;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,7 +32,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use streamapp_api::crd::{PodStateStatus, StreamApp};
+use streamapp_api::crd::StreamApp;
 use tracing::{debug, info, warn};
 
 use crate::cleanup::{FinalizerChange, finalizer_change};
@@ -40,10 +43,10 @@ use crate::metrics::Metrics;
 use crate::owned;
 use crate::pod_health::pod_problems;
 use crate::preflight::{Blocker, INVALID_CONFIG, preflight};
-use crate::status::{Findings, KafkaFinding, compute_status};
+use crate::status::{Findings, compute_status};
 use crate::{
-    disruption_budget, network_policy, processor_config, rbac, reset, rollout, scaling, secrets,
-    service, statefulset,
+    disruption_budget, network_policy, processor_config, rbac, rollout, secrets, service,
+    statefulset,
 };
 use objects::*;
 
@@ -337,75 +340,31 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
     // Kafka: topics, lag, and what a reset in progress needs.
     let secrets = read_secrets(client, app).await?;
     let kafka = Kafka::for_app(app, &secrets_by_name(&secrets));
-    let resetting = app
-        .annotations()
-        .contains_key(streamapp_api::annotations::RESET)
-        && app
-            .status
-            .as_ref()
-            .and_then(|s| s.reset.as_ref())
-            .is_none_or(|r| {
-                Some(r.request.as_str())
-                    != app
-                        .annotations()
-                        .get(streamapp_api::annotations::RESET)
-                        .map(String::as_str)
-                    || !matches!(r.phase.as_str(), reset::DONE | reset::FAILED)
-            });
-    let (seen, kafka_finding) = operations::observe(ctx, app, &kafka, resetting).await;
-    let partitions_cap = match &kafka_finding {
-        KafkaFinding::Seen {
-            input_partitions: Some(p),
-            ..
-        } => Some(*p as i32),
-        _ => None,
-    };
-    let normal_replicas = partitions_cap.map_or(app.spec.replicas, |p| app.spec.replicas.min(p));
+    let (seen, kafka_finding) = operations::observe(ctx, app, &kafka, plan::resetting(app)).await;
     let pods = list_pods(client, app).await?;
     let claims = list_claims(client, app).await?;
     let internal_topics = operations::internal_topics_present(app, seen.as_ref());
-    let ready_now = live
-        .as_ref()
-        .and_then(|l| l.status.as_ref()?.ready_replicas)
-        .unwrap_or(0);
-    let reset_plan = reset::plan(
-        app.annotations()
-            .get(streamapp_api::annotations::RESET)
-            .map(String::as_str),
-        app.status.as_ref().and_then(|s| s.reset.as_ref()),
-        &reset::View {
-            pods: pods.len(),
-            group_empty: operations::group_empty(seen.as_ref()),
+    let uids = pod_uids(&pods);
+    let plan = plan::plan(
+        app,
+        &plan::Observed {
+            live_replicas: live.as_ref().and_then(|l| l.spec.as_ref()?.replicas),
+            ready_replicas: live
+                .as_ref()
+                .and_then(|l| l.status.as_ref()?.ready_replicas)
+                .unwrap_or(0),
+            pod_uids: &uids,
             claims: claims.len(),
+            kafka: &kafka_finding,
+            group_empty: operations::group_empty(seen.as_ref()),
             internal_topics: internal_topics.len(),
-            ready: ready_now,
-            desired: normal_replicas,
         },
         Timestamp::now(),
     );
     let reset_status =
-        operations::run_reset_step(ctx, app, &reset_plan, &kafka, &claims, &internal_topics)
+        operations::run_reset_step(ctx, app, &plan.reset, &kafka, &claims, &internal_topics)
             .await?;
-    let target = if reset_plan.stops_pods() {
-        0
-    } else {
-        normal_replicas
-    };
-    let uids = pod_uids(&pods);
-    let reports: Vec<&PodStateStatus> = app
-        .status
-        .iter()
-        .flat_map(|s| s.pods.iter())
-        .filter(|r| !crate::status::report_is_stale(r, &uids))
-        .collect();
-    let step = scaling::next_step(
-        &app.name_any(),
-        live.as_ref().and_then(|l| l.spec.as_ref()?.replicas),
-        target,
-        partitions_cap,
-        &reports,
-    );
-    let replicas = step.replicas;
+    let replicas = plan.replicas;
 
     let storage = resize_claims(ctx, app, &ns).await?;
     let mut notices = Vec::new();
@@ -452,10 +411,8 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         kafka: kafka_finding,
         effective_replicas: (replicas != app.spec.replicas).then_some(replicas),
         reset: reset_status,
-        scale_in: step.waiting,
+        scale_in: plan.scale_in_waiting,
     };
-    let kafka_trouble =
-        !matches!(&findings.kafka, KafkaFinding::Seen { problems, .. } if problems.is_empty());
     let status = compute_status(app, sts.as_ref(), &findings, now);
     for notice in notices {
         publish(ctx, app, notice).await;
@@ -463,13 +420,7 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
     write_status(ctx, app, status).await?;
     prune_pod_reports(ctx, app, &uids).await?;
     operations::remove_departed_members(ctx, app, &kafka, seen.as_ref(), replicas, &pods).await;
-    Ok(match reset_plan.action {
-        // A reset waits for pods, the group and Kafka: look again soon.
-        reset::Action::None if !kafka_trouble => Action::requeue(REQUEUE),
-        // Nothing watches Kafka: a missing topic created later, a broker back, is seen then.
-        reset::Action::None => Action::requeue(REQUEUE_WHILE_KAFKA_TROUBLE),
-        _ => Action::requeue(Duration::from_secs(2)),
-    })
+    Ok(Action::requeue(plan.requeue))
 }
 
 /// The UID of each pod, by name.
