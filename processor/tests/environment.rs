@@ -729,12 +729,7 @@ async fn a_commit_unanswered_past_its_retries_is_left_to_the_coordinator_and_eve
     more.push(Input::cmd("x", t0 + 400)); // a repeat
     app.produce(&more);
     app.wait_until_processed(3 * MINUTE);
-    assert!(p.is_running(), "{}", p.log_tail());
-    assert!(
-        p.log_text().contains("the commit's outcome is unknown"),
-        "the commit was retried until its deadline and left to the coordinator:\n{}",
-        p.log_tail()
-    );
+    // The promise first: every id out exactly once, every repeat a duplicate.
     let output = counts(&app.read(&app.output));
     assert_eq!(output.len(), 101, "every id: {output:?}");
     assert!(
@@ -745,6 +740,13 @@ async fn a_commit_unanswered_past_its_retries_is_left_to_the_coordinator_and_eve
         app.read(&app.duplicates).len(),
         11,
         "the repeats are duplicates"
+    );
+    // And how: the commit was neither aborted nor taken for fatal.
+    assert!(p.is_running(), "{}", p.log_tail());
+    assert!(
+        p.log_text().contains("the commit's outcome is unknown"),
+        "the commit was retried until its deadline and left to the coordinator:\n{}",
+        p.log_tail()
     );
 }
 

@@ -389,8 +389,9 @@ pub fn freeze_broker_for(away: Duration) {
     signal_broker(pid, "STOP");
     std::thread::sleep(away);
     signal_broker(pid, "CONT");
-    // Thawed after 145 s, it answered UnknownPartition for more than 30 s in one run: wait
-    // until it serves every partition again.
+    // Thawed after 145 s it has answered UnknownPartition, or listed partitions without a
+    // leader, for more than 60 s in some runs (though its log had the leaders back within
+    // seconds): wait until it serves every partition again.
     wait_until_leading("the thawed broker");
 }
 
@@ -451,29 +452,54 @@ fn start_broker() {
     wait_until_leading("the restarted broker");
 }
 
+/// What keeps the broker from serving every partition, as `topic[/partition]: why` lines
+/// (empty when it serves them all); an error when it does not answer at all.
+fn unled_partitions(probe: &BaseConsumer) -> Result<Vec<String>, String> {
+    let md = probe
+        .fetch_metadata(None, Duration::from_secs(10))
+        .map_err(|e| format!("no metadata: {e}"))?;
+    let mut unled = Vec::new();
+    for t in md.topics() {
+        if let Some(e) = t.error() {
+            unled.push(format!("{}: {:?}", t.name(), e));
+        } else if t.partitions().is_empty() {
+            unled.push(format!("{}: no partitions", t.name()));
+        }
+        for p in t.partitions() {
+            if let Some(e) = p.error() {
+                unled.push(format!("{}/{}: {:?}", t.name(), p.id(), e));
+            } else if p.leader() < 0 {
+                unled.push(format!("{}/{}: no leader", t.name(), p.id()));
+            }
+        }
+    }
+    Ok(unled)
+}
+
+/// How long a restarted or thawed broker may take to serve every partition again.
+const LEADING_AGAIN_TIMEOUT: Duration = Duration::from_secs(180);
+
 /// Waits until the broker lists every topic (the internal ones too) with its partitions, each
 /// with a leader: serving again after a restart or a freeze.
 fn wait_until_leading(who: &str) {
     let probe: BaseConsumer = client_config().create().expect("creating a consumer");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + LEADING_AGAIN_TIMEOUT;
     loop {
-        let led = probe
-            .fetch_metadata(None, Duration::from_secs(10))
-            .is_ok_and(|md| {
-                md.topics().iter().all(|t| {
-                    t.error().is_none()
-                        && !t.partitions().is_empty()
-                        && t.partitions()
-                            .iter()
-                            .all(|p| p.error().is_none() && p.leader() >= 0)
-                })
-            });
-        if led {
+        let unled = unled_partitions(&probe);
+        if unled.as_ref().is_ok_and(Vec::is_empty) {
             return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "{who} did not lead its partitions within 60 s"
+            "{who} did not lead its partitions within {LEADING_AGAIN_TIMEOUT:?}: {}",
+            match unled {
+                Ok(unled) => format!(
+                    "{} not served, e.g. {}",
+                    unled.len(),
+                    unled[..unled.len().min(10)].join(", ")
+                ),
+                Err(e) => e,
+            }
         );
         std::thread::sleep(Duration::from_millis(200));
     }
