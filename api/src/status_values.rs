@@ -252,6 +252,7 @@ impl From<health::StoreOpen> for StoreOpen {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crd::StreamApp;
     use serde::de::DeserializeOwned;
     use serde_json::json;
 
@@ -372,10 +373,62 @@ mod tests {
     }
 
     #[test]
-    fn a_value_written_by_another_version_is_read_and_written_back_as_it_was() {
-        let read: PodPhase = serde_json::from_value(json!("Migrating")).unwrap();
-        assert_eq!(read, PodPhase::Other("Migrating".into()));
-        assert_eq!(serde_json::to_value(&read).unwrap(), json!("Migrating"));
+    fn values_written_by_another_version_are_read_and_written_back_as_they_were() {
+        let app = json!({
+            "apiVersion": "streamapp.dev/v1alpha1",
+            "kind": "StreamApp",
+            "metadata": { "name": "orders", "namespace": "prod" },
+            "spec": {
+                "image": "streamapp:1",
+                "kafka": { "bootstrapServers": "kafka:9092" },
+                "topology": { "inputTopic": "in", "outputTopic": "out", "deadLetterTopic": "dlq" }
+            },
+            "status": {
+                "phase": "Hibernating",
+                "stateHealth": "Suspect",
+                "reset": { "request": "earliest", "phase": "VerifyingOffsets" },
+                "pods": [{
+                    "name": "orders-0",
+                    "phase": "Migrating",
+                    "drainRequestedBy": "Operator",
+                    "tasks": [{ "partition": 0, "state": "Paused", "opened": "FromSnapshot" }]
+                }]
+            }
+        });
+        let read: StreamApp = serde_json::from_value(app.clone()).expect("read despite the values");
+        let status = read.status.as_ref().unwrap();
+        assert_eq!(status.phase, Some(AppPhase::Other("Hibernating".into())));
+        assert_eq!(
+            status.state_health,
+            Some(StateHealth::Other("Suspect".into()))
+        );
+        assert_eq!(
+            status.reset.as_ref().unwrap().phase,
+            ResetPhase::Other("VerifyingOffsets".into())
+        );
+        let pod = &status.pods[0];
+        assert_eq!(pod.phase, Some(PodPhase::Other("Migrating".into())));
+        assert_eq!(
+            pod.drain_requested_by,
+            Some(DrainRequest::Other("Operator".into()))
+        );
+        assert_eq!(pod.tasks[0].state, Some(TaskState::Other("Paused".into())));
+        assert_eq!(
+            pod.tasks[0].opened,
+            Some(StoreOpen::Other("FromSnapshot".into()))
+        );
+        let written = serde_json::to_value(&read).unwrap();
+        for pointer in [
+            "/status/phase",
+            "/status/stateHealth",
+            "/status/reset/phase",
+            "/status/pods/0/phase",
+            "/status/pods/0/drainRequestedBy",
+            "/status/pods/0/tasks/0/state",
+            "/status/pods/0/tasks/0/opened",
+        ] {
+            assert_eq!(written.pointer(pointer), app.pointer(pointer), "{pointer}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use streamapp_api::crd::{PodStateStatus, StreamApp, TaskStateStatus};
+use streamapp_api::status_values::{AppPhase, PodPhase, TaskState};
 
 /// Whether to colour the text (only on a terminal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +72,10 @@ fn app_tree(out: &mut String, app: &StreamApp, now: Timestamp, colour: Colour) {
     let mut head = format!(
         "{}  {}",
         paint(colour, "1", &format!("{ns}/{}", app.name_any())),
-        word(colour, status.phase.as_deref().unwrap_or("Unknown")),
+        word(
+            colour,
+            status.phase.as_ref().map_or("Unknown", AppPhase::as_str)
+        ),
     );
     head += &format!(
         "  {} ready",
@@ -81,7 +85,7 @@ fn app_tree(out: &mut String, app: &StreamApp, now: Timestamp, colour: Colour) {
             .unwrap_or_else(|| format!("?/{}", app.spec.replicas))
     );
     if let Some(state) = &status.state_health {
-        head += &format!("  state {}", word(colour, state));
+        head += &format!("  state {}", word(colour, state.as_str()));
     }
     if let Some(lag) = status.lag {
         head += &format!("  lag {lag}");
@@ -128,7 +132,11 @@ fn app_tree(out: &mut String, app: &StreamApp, now: Timestamp, colour: Colour) {
         ]);
     }
     if let Some(reset) = &status.reset {
-        let mut line = format!("reset to {}: {}", reset.request, word(colour, &reset.phase));
+        let mut line = format!(
+            "reset to {}: {}",
+            reset.request,
+            word(colour, reset.phase.as_str())
+        );
         if let Some(m) = &reset.message {
             line += &format!(" ({m})");
         }
@@ -179,7 +187,10 @@ fn pod_lines(pod: &PodStateStatus, now: Timestamp, colour: Colour) -> Vec<String
     let mut head = format!(
         "pod {}  {}  {}",
         pod.name,
-        word(colour, pod.phase.as_deref().unwrap_or("Unknown")),
+        word(
+            colour,
+            pod.phase.as_ref().map_or("Unknown", PodPhase::as_str)
+        ),
         word(colour, if pod.ready { "ready" } else { "not ready" }),
     );
     match pod.last_shutdown_clean {
@@ -223,7 +234,7 @@ fn pod_lines(pod: &PodStateStatus, now: Timestamp, colour: Colour) -> Vec<String
 }
 
 fn task_line(t: &TaskStateStatus, colour: Colour) -> String {
-    let state = t.state.as_deref().unwrap_or("Unknown");
+    let state = t.state.as_ref().map_or("Unknown", TaskState::as_str);
     let mut line = format!("partition {:<3} {}", t.partition, word(colour, state));
     if let Some(r) = &t.restore {
         line += &format!("  {}", progress(r.restored, r.total));

@@ -30,6 +30,7 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use streamapp_api::crd::{PodStateStatus, StreamApp};
+use streamapp_api::status_values::ResetPhase;
 use tracing::{debug, info, warn};
 
 use crate::cleanup::{FinalizerChange, finalizer_change};
@@ -350,7 +351,7 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
                         .annotations()
                         .get(streamapp_api::annotations::RESET)
                         .map(String::as_str)
-                    || !matches!(r.phase.as_str(), reset::DONE | reset::FAILED)
+                    || !matches!(r.phase, ResetPhase::Done | ResetPhase::Failed)
             });
     let (seen, kafka_finding) = operations::observe(ctx, app, &kafka, resetting).await;
     let partitions_cap = match &kafka_finding {
