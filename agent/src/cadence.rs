@@ -81,36 +81,37 @@ impl Cadence {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use streamapp_api::status_values::PodPhase;
 
-    fn entry(phase: &str) -> PodStateStatus {
+    fn entry(phase: PodPhase) -> PodStateStatus {
         PodStateStatus {
             name: "pod-0".into(),
-            phase: Some(phase.into()),
+            phase: Some(phase),
             ..Default::default()
         }
     }
 
     #[test]
     fn the_first_report_is_due_at_once() {
-        assert!(Cadence::new(DEFAULT_HEARTBEAT).due(&entry("Starting"), Instant::now()));
+        assert!(Cadence::new(DEFAULT_HEARTBEAT).due(&entry(PodPhase::Starting), Instant::now()));
     }
 
     #[test]
     fn an_unchanged_entry_waits_for_the_heartbeat() {
         let t0 = Instant::now();
         let mut c = Cadence::new(Duration::from_secs(30));
-        c.written(entry("Running"), t0);
-        assert!(!c.due(&entry("Running"), t0 + Duration::from_secs(29)));
-        assert!(c.due(&entry("Running"), t0 + Duration::from_secs(30)));
+        c.written(entry(PodPhase::Running), t0);
+        assert!(!c.due(&entry(PodPhase::Running), t0 + Duration::from_secs(29)));
+        assert!(c.due(&entry(PodPhase::Running), t0 + Duration::from_secs(30)));
     }
 
     #[test]
     fn a_change_is_written_at_once_but_never_within_two_seconds_of_the_last_write() {
         let t0 = Instant::now();
         let mut c = Cadence::new(Duration::from_secs(30));
-        c.written(entry("Running"), t0);
-        assert!(!c.due(&entry("Down"), t0 + Duration::from_millis(1500)));
-        assert!(c.due(&entry("Down"), t0 + MIN_GAP));
+        c.written(entry(PodPhase::Running), t0);
+        assert!(!c.due(&entry(PodPhase::Down), t0 + Duration::from_millis(1500)));
+        assert!(c.due(&entry(PodPhase::Down), t0 + MIN_GAP));
     }
 
     #[test]
@@ -118,9 +119,9 @@ mod tests {
         let t0 = Instant::now();
         let mut c = Cadence::new(DEFAULT_HEARTBEAT);
         assert_eq!(c.earliest_next(), None);
-        c.written(entry("Drained"), t0);
-        assert!(c.is_current(&entry("Drained")));
-        assert!(!c.is_current(&entry("Down")));
+        c.written(entry(PodPhase::Drained), t0);
+        assert!(c.is_current(&entry(PodPhase::Drained)));
+        assert!(!c.is_current(&entry(PodPhase::Down)));
         assert_eq!(c.earliest_next(), Some(t0 + MIN_GAP));
     }
 
@@ -129,13 +130,13 @@ mod tests {
         let t0 = Instant::now();
         let mut c = Cadence::new(Duration::from_secs(30));
         c.failed(t0);
-        assert!(!c.due(&entry("Running"), t0 + Duration::from_secs(3)));
-        assert!(c.due(&entry("Running"), t0 + Duration::from_secs(4)));
+        assert!(!c.due(&entry(PodPhase::Running), t0 + Duration::from_secs(3)));
+        assert!(c.due(&entry(PodPhase::Running), t0 + Duration::from_secs(4)));
         for _ in 0..10 {
             c.failed(t0);
         }
         assert_eq!(c.gap(), Duration::from_secs(30));
-        c.written(entry("Running"), t0);
+        c.written(entry(PodPhase::Running), t0);
         assert_eq!(c.gap(), MIN_GAP, "a success resets the backoff");
     }
 }

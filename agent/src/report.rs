@@ -5,14 +5,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
 use streamapp_api::crd::{PodStateStatus, RestoreStatus, TaskStateStatus};
-use streamapp_api::health::{ProcessorHealth, ProcessorPhase, StoreOpen, TaskHealth};
+use streamapp_api::health::{ProcessorHealth, ProcessorPhase, TaskHealth};
+use streamapp_api::status_values::PodPhase;
 
 use crate::disk::{DiskReport, QuarantinedStore, TaskDisk};
 use crate::observe::{HealthFile, Probes};
-
-/// Phase reported when no processor runs and the last one did not stop cleanly (or none ever
-/// started on this volume).
-pub const PHASE_DOWN: &str = "Down";
 
 /// Below this share of free space on the state volume the entry says so: RocksDB compactions
 /// need room, and a full volume stops the processor.
@@ -34,12 +31,14 @@ pub fn pod_status(
     // A new volume: the agent (a native sidecar) starts before the processor ever did.
     let fresh_volume = matches!(health, HealthFile::Missing) && disk.tasks.is_empty();
     let phase = match (file_phase, alive) {
-        (Some(p), true) => phase_name(p),
-        (None, true) => phase_name(ProcessorPhase::Starting),
-        (None, false) if fresh_volume => phase_name(ProcessorPhase::Starting),
+        (Some(p), true) => PodPhase::from(p),
+        (None, true) => PodPhase::Starting,
+        (None, false) if fresh_volume => PodPhase::Starting,
         // A drained or failed processor exits: that is its final state, not an outage.
-        (Some(p @ (ProcessorPhase::Drained | ProcessorPhase::Failed)), false) => phase_name(p),
-        (_, false) => PHASE_DOWN,
+        (Some(p @ (ProcessorPhase::Drained | ProcessorPhase::Failed)), false) => PodPhase::from(p),
+        // No processor runs and the last one did not stop cleanly (or none ever started on
+        // this volume).
+        (_, false) => PodPhase::Down,
     };
     let last_shutdown_clean = match (file, alive) {
         (Some(h), _) if h.phase == ProcessorPhase::Drained => Some(true),
@@ -60,16 +59,14 @@ pub fn pod_status(
         name: pod.to_string(),
         uid: None,
         reported_at: Some(rfc3339(now_ms)),
-        phase: Some(phase.to_string()),
+        phase: Some(phase),
         processor_up: probes.healthz,
         ready: probes.readyz,
         last_shutdown_clean,
         drain_duration_ms: file
             .and_then(|h| h.drain_duration_ms)
             .and_then(|d| i64::try_from(d).ok()),
-        drain_requested_by: file
-            .and_then(|h| h.drain_requested_by)
-            .map(|by| format!("{by:?}")),
+        drain_requested_by: file.and_then(|h| h.drain_requested_by).map(Into::into),
         free_disk_bytes: disk.free_bytes.and_then(|b| i64::try_from(b).ok()),
         quarantines: i32::try_from(quarantines).unwrap_or(i32::MAX),
         dead_letters: file.map_or(0, |h| {
@@ -97,28 +94,6 @@ pub fn pod_status(
     };
     status.message = message(health, disk, probes, alive, &status);
     status
-}
-
-/// The phase as the CRD spells it.
-pub fn phase_name(phase: ProcessorPhase) -> &'static str {
-    match phase {
-        ProcessorPhase::Starting => "Starting",
-        ProcessorPhase::Restoring => "Restoring",
-        ProcessorPhase::Running => "Running",
-        ProcessorPhase::Draining => "Draining",
-        ProcessorPhase::Drained => "Drained",
-        ProcessorPhase::Failed => "Failed",
-    }
-}
-
-fn open_name(open: StoreOpen) -> &'static str {
-    match open {
-        StoreOpen::Clean => "Clean",
-        StoreOpen::ReplayedTail => "ReplayedTail",
-        StoreOpen::FullRestore => "FullRestore",
-        StoreOpen::Rebuilt => "Rebuilt",
-        StoreOpen::Resumed => "Resumed",
-    }
 }
 
 /// RFC 3339 in whole seconds, as Kubernetes writes times.
@@ -227,7 +202,7 @@ fn task_status(
     let last = q.iter().next_back();
     TaskStateStatus {
         partition,
-        state: t.state.map(|s| format!("{s:?}")),
+        state: t.state.map(Into::into),
         backoff: t
             .backoff
             .as_ref()
@@ -237,7 +212,7 @@ fn task_status(
         changelog_end: t.changelog_end_offset,
         restore_lag,
         restore,
-        opened: t.opened.map(|o| open_name(o).to_string()),
+        opened: t.opened.map(Into::into),
         checkpoint_age_seconds: checkpoint_at.map(|at| age_seconds(now_ms, at)),
         wal_files: i64::try_from(wal_files).unwrap_or(i64::MAX),
         wal_bytes: i64::try_from(wal_bytes).unwrap_or(i64::MAX),
@@ -283,7 +258,7 @@ fn message(
             }
             (p, false) => why.push(format!(
                 "the processor is not running (last seen {} at {}); it stopped without a drain",
-                phase_name(p),
+                PodPhase::from(p),
                 rfc3339(h.updated_at_ms)
             )),
             (ProcessorPhase::Starting, true) => why.push("the processor is starting".into()),

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use kube::{Api, Client};
 use streamapp_api::crd::{PodStateStatus, StreamApp};
 use streamapp_api::health::ProcessorPhase;
+use streamapp_api::status_values::PodPhase;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{debug, info, warn};
 
@@ -100,12 +101,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let status = loop {
         let (obs, status) = agent.look().await;
         if processor_finished(&obs) {
-            info!(phase = status.phase.as_deref().unwrap_or(""), clean = ?status.last_shutdown_clean, "the processor has finished");
+            info!(phase = status.phase.as_ref().map_or("", PodPhase::as_str), clean = ?status.last_shutdown_clean, "the processor has finished");
             break status;
         }
         if Instant::now() >= deadline {
             warn!(
-                phase = status.phase.as_deref().unwrap_or(""),
+                phase = status.phase.as_ref().map_or("", PodPhase::as_str),
                 "the processor did not finish within the drain wait"
             );
             break status;
@@ -181,7 +182,7 @@ impl Agent {
                 self.metrics.reports_written.inc();
                 self.metrics.last_report_time.set(now_ms() as f64 / 1000.0);
                 debug!(
-                    phase = status.phase.as_deref().unwrap_or(""),
+                    phase = status.phase.as_ref().map_or("", PodPhase::as_str),
                     up = status.processor_up,
                     ready = status.ready,
                     "status written"
@@ -202,7 +203,7 @@ impl Agent {
     async fn write_final(&mut self, status: PodStateStatus) {
         let key = significant(&status);
         if self.cadence.is_current(&key) {
-            info!(phase = status.phase.as_deref().unwrap_or(""), clean = ?status.last_shutdown_clean, "final status already written");
+            info!(phase = status.phase.as_ref().map_or("", PodPhase::as_str), clean = ?status.last_shutdown_clean, "final status already written");
             return;
         }
         if let Some(at) = self.cadence.earliest_next() {
@@ -210,7 +211,7 @@ impl Agent {
         }
         for attempt in 1..=FINAL_REPORT_ATTEMPTS {
             if self.write(&status, key.clone()).await {
-                info!(phase = status.phase.as_deref().unwrap_or(""), clean = ?status.last_shutdown_clean,
+                info!(phase = status.phase.as_ref().map_or("", PodPhase::as_str), clean = ?status.last_shutdown_clean,
                     drain_ms = ?status.drain_duration_ms, "final status written");
                 return;
             }

@@ -87,12 +87,13 @@ impl StatusWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use streamapp_api::status_values::PodPhase;
 
     #[test]
     fn the_apply_body_holds_only_the_object_name_and_this_pods_entry() {
         let entry = PodStateStatus {
             name: "orders-1".into(),
-            phase: Some("Running".into()),
+            phase: Some(PodPhase::Running),
             processor_up: true,
             ..Default::default()
         };

@@ -7,12 +7,13 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use streamapp_agent::status_writer::StatusWriter;
 use streamapp_api::crd::{PodStateStatus, StreamApp, StreamAppStatus, TaskStateStatus};
+use streamapp_api::status_values::{AppPhase, PodPhase, StateHealth};
 use testbed::kube::TestNamespace;
 
 fn entry(pod: &str, round: i64) -> PodStateStatus {
     PodStateStatus {
         name: pod.into(),
-        phase: Some("Running".into()),
+        phase: Some(PodPhase::Running),
         processor_up: true,
         ready: true,
         // A message only in odd rounds: a field an agent stops sending must disappear.
@@ -92,12 +93,12 @@ async fn two_agents_and_the_operator_write_one_status_concurrently_without_clobb
         );
         if round >= 3 {
             assert_eq!(
-                s.phase.as_deref(),
-                Some("Running"),
+                s.phase,
+                Some(AppPhase::Running),
                 "round {round}: the operator's fields stay"
             );
             assert_eq!(s.ready, Some(format!("{}/2", round % 3)));
-            assert_eq!(s.state_health.as_deref(), Some("Healthy"));
+            assert_eq!(s.state_health, Some(StateHealth::Healthy));
         }
     }
 

@@ -15,6 +15,7 @@ use kube::Api;
 use kube::api::ListParams;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use streamapp_api::crd::{PodStateStatus, StreamApp};
+use streamapp_api::status_values::{PodPhase, StoreOpen};
 use streamapp_operator::status::{
     Findings, REBUILDING, STATE_HEALTHY, STORES_HEALTHY, compute_status, condition_of,
 };
@@ -234,10 +235,6 @@ fn task(entry: &PodStateStatus, partition: i32) -> Option<&streamapp_api::crd::T
     entry.tasks.iter().find(|t| t.partition == partition)
 }
 
-fn phase(entry: &PodStateStatus) -> &str {
-    entry.phase.as_deref().unwrap_or("")
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_and_drain() {
     let admin = testbed::kube::client().await;
@@ -270,7 +267,7 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
 
     // 1. Running, and the committed offsets of what was produced.
     wait("Running, up and ready", 2 * MINUTE, |e| {
-        phase(e) == "Running" && e.processor_up && e.ready && e.tasks.len() == 2
+        e.phase == Some(PodPhase::Running) && e.processor_up && e.ready && e.tasks.len() == 2
     })
     .await;
     p.produce(0, "a", 30);
@@ -338,7 +335,7 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
     // 2. kill -9: Down, with an unclean shutdown and the last known offsets.
     processor.kill9();
     let e = wait("Down after kill -9", MINUTE, |e| {
-        phase(e) == "Down" && !e.processor_up && !e.ready
+        e.phase == Some(PodPhase::Down) && !e.processor_up && !e.ready
     })
     .await;
     assert_eq!(e.last_shutdown_clean, Some(false));
@@ -358,7 +355,7 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
     // 3. Restart: the unclean shutdown is visible, the tail replayed, then Running.
     let mut processor = p.start_processor();
     let e = wait("Running again after the crash", 2 * MINUTE, |e| {
-        phase(e) == "Running" && e.ready && e.tasks.len() == 2
+        e.phase == Some(PodPhase::Running) && e.ready && e.tasks.len() == 2
     })
     .await;
     assert_eq!(
@@ -367,15 +364,15 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
         "the crash is visible after the restart: {e:?}"
     );
     assert_eq!(
-        task(&e, 0).and_then(|t| t.opened.as_deref()),
-        Some("ReplayedTail")
+        task(&e, 0).and_then(|t| t.opened.as_ref()),
+        Some(&StoreOpen::ReplayedTail)
     );
 
     // 4. A clean drain: Drained, clean, with its duration.
     p.drain();
     processor.wait_exit(MINUTE);
     let e = wait("Drained, the processor gone", MINUTE, |e| {
-        phase(e) == "Drained" && !e.processor_up
+        e.phase == Some(PodPhase::Drained) && !e.processor_up
     })
     .await;
     assert_eq!(e.last_shutdown_clean, Some(true));
@@ -385,11 +382,14 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
     // kill -9, damage the store: the processor quarantines it and rebuilds it.
     let mut processor = p.start_processor();
     let e = wait("Running after the drain", 2 * MINUTE, |e| {
-        phase(e) == "Running" && e.ready && e.tasks.len() == 2
+        e.phase == Some(PodPhase::Running) && e.ready && e.tasks.len() == 2
     })
     .await;
     assert_eq!(e.last_shutdown_clean, Some(true), "{e:?}");
-    assert_eq!(task(&e, 0).and_then(|t| t.opened.as_deref()), Some("Clean"));
+    assert_eq!(
+        task(&e, 0).and_then(|t| t.opened.as_ref()),
+        Some(&StoreOpen::Clean)
+    );
     // Enough records that rebuilding the store takes a few seconds, so the agents' reports
     // (and the operator's StateHealthy condition computed from them) show the rebuild.
     p.produce(0, "b", REBUILD_RECORDS);
@@ -399,7 +399,10 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
     })
     .await;
     processor.kill9();
-    wait("Down before the damage", MINUTE, |e| phase(e) == "Down").await;
+    wait("Down before the damage", MINUTE, |e| {
+        e.phase == Some(PodPhase::Down)
+    })
+    .await;
     p.damage_store();
     let mut processor = p.start_processor();
     // The StateHealthy condition, as the operator computes it from the StreamApp (with the
@@ -422,7 +425,9 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
             .into_iter()
             .find(|p| p.name == POD);
         if let Some(e) = entry.filter(|e| {
-            phase(e) == "Running" && e.ready && task(e, 0).is_some_and(|t| t.quarantines >= 1)
+            e.phase == Some(PodPhase::Running)
+                && e.ready
+                && task(e, 0).is_some_and(|t| t.quarantines >= 1)
         }) && c.status == "True"
         {
             break e;
@@ -447,7 +452,7 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
         Some(("True", STORES_HEALTHY))
     );
     let t0 = task(&e, 0).unwrap();
-    assert_eq!(t0.opened.as_deref(), Some("Rebuilt"), "{t0:?}");
+    assert_eq!(t0.opened, Some(StoreOpen::Rebuilt), "{t0:?}");
     assert!(
         t0.last_quarantine_reason
             .as_deref()
@@ -497,7 +502,7 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
         p.logs()
     );
     let e = common::pod_entry(&admin, &ns.name, APP, POD).await.unwrap();
-    assert_eq!(phase(&e), "Drained", "{e:?}");
+    assert_eq!(e.phase, Some(PodPhase::Drained), "{e:?}");
     assert_eq!(e.last_shutdown_clean, Some(true));
     assert!(e.drain_duration_ms.is_some(), "{e:?}");
 

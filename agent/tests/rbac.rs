@@ -12,6 +12,7 @@ use streamapp_agent::disk::QuarantinedStore;
 use streamapp_agent::status_writer::{StatusWriter, field_manager};
 use streamapp_agent::store_events::{QUARANTINE_REASON as REASON, StoreEvents};
 use streamapp_api::crd::{PodStateStatus, StreamApp, TaskStateStatus};
+use streamapp_api::status_values::PodPhase;
 use testbed::kube::TestNamespace;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -29,7 +30,7 @@ async fn the_agents_service_account_may_report_its_own_pod_and_nothing_else() {
     // moments; the first write may be refused until it has.)
     let entry = PodStateStatus {
         name: "orders-0".into(),
-        phase: Some("Running".into()),
+        phase: Some(PodPhase::Running),
         processor_up: true,
         ready: true,
         tasks: vec![TaskStateStatus {

@@ -15,6 +15,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{RocksDbTuning, Topology};
+use crate::status_values::{
+    AppPhase, DrainRequest, PodPhase, ResetPhase, StateHealth, StoreOpen, TaskState,
+};
 
 /// A stateful, exactly-once Kafka dedup processor: one pod per replica, each with its own
 /// persistent RocksDB state.
@@ -488,7 +491,7 @@ pub struct StreamAppStatus {
     pub observed_generation: Option<i64>,
     /// Pending, Progressing, Running, Degraded or Stopped (scaled to zero).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<AppPhase>,
     /// Pods of the StatefulSet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
@@ -503,7 +506,7 @@ pub struct StreamAppStatus {
     pub selector: Option<String>,
     /// Healthy, Degraded or Unknown: the worst of the pods' state reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state_health: Option<String>,
+    pub state_health: Option<StateHealth>,
     /// Largest number of changelog records any store would replay after a crash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worst_restore_lag: Option<i64>,
@@ -553,13 +556,13 @@ pub struct StreamAppStatus {
 }
 
 /// An application reset, from request to done.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResetStatus {
     /// The annotation's value this reset is for (`earliest`, `latest` or an RFC 3339 time).
     pub request: String,
     /// StoppingPods, ResettingOffsets, ClearingState, StartingPods, Done or Failed.
-    pub phase: String,
+    pub phase: ResetPhase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -584,7 +587,7 @@ pub struct PodStateStatus {
     pub reported_at: Option<String>,
     /// Starting, Restoring, Running, Draining, Drained, Failed or Down (no processor running).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<PodPhase>,
     /// The processor answers /healthz.
     #[serde(default)]
     pub processor_up: bool,
@@ -600,7 +603,7 @@ pub struct PodStateStatus {
     /// Who asked for the last drain: `Http` (the preStop hook's `streamapp-processor drain`)
     /// or `Signal` (SIGTERM without a preStop drain first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drain_requested_by: Option<String>,
+    pub drain_requested_by: Option<DrainRequest>,
     /// Free bytes on the state volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub free_disk_bytes: Option<i64>,
@@ -645,7 +648,7 @@ pub struct TaskStateStatus {
     pub partition: i32,
     /// Opening, Restoring, Restored, Active, BackingOff, Standby or WarmingUp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
+    pub state: Option<TaskState>,
     /// Why the store cannot be used for now (a full disk, an I/O error, its lock held), while
     /// the processor backs off and retries. Such stores are never quarantined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -667,7 +670,7 @@ pub struct TaskStateStatus {
     pub restore: Option<RestoreStatus>,
     /// How the store was opened: Clean, ReplayedTail, FullRestore, Rebuilt or Resumed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub opened: Option<String>,
+    pub opened: Option<StoreOpen>,
     /// Seconds since the store last durably recorded a commit (or a drain checkpoint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_age_seconds: Option<i64>,

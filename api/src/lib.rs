@@ -8,6 +8,8 @@
 //! - [`health`]: the health file the processor keeps in its state directory, which the agent
 //!   reads.
 //! - [`probe`]: the processor's local HTTP endpoints and a tiny client for them.
+//! - [`status_values`]: the values of the status fields that are enumerations (phases, task
+//!   states), spelled once for the operator, the agents and the plugin.
 //! - [`units`]: the duration and quantity notations these use.
 
 pub mod annotations;
@@ -15,4 +17,5 @@ pub mod config;
 pub mod crd;
 pub mod health;
 pub mod probe;
+pub mod status_values;
 pub mod units;

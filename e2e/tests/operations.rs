@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::message::Message;
+use streamapp_api::status_values::{PodPhase, ResetPhase};
 use streamapp_e2e::{APP, Scenario, Sent};
 use testbed::kafka::{self, Isolation};
 
@@ -36,7 +37,7 @@ async fn a_reset_to_earliest_processes_the_input_again_from_empty_stores() {
         .wait_for_status("the reset to finish", Duration::from_secs(300), |st| {
             st.reset
                 .as_ref()
-                .is_some_and(|r| r.request == "earliest" && r.phase == "Done")
+                .is_some_and(|r| r.request == "earliest" && r.phase == ResetPhase::Done)
         })
         .await;
     assert!(status.reset.unwrap().finished_at.is_some());
@@ -64,7 +65,7 @@ async fn a_reset_to_earliest_processes_the_input_again_from_empty_stores() {
                     && st
                         .pods
                         .iter()
-                        .all(|p| p.phase.as_deref() == Some("Running") && !p.tasks.is_empty())
+                        .all(|p| p.phase == Some(PodPhase::Running) && !p.tasks.is_empty())
             },
         )
         .await;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use streamapp_api::status_values::{DrainRequest, PodPhase};
 use streamapp_e2e::{APP, Scenario, Sent, pod_name};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
@@ -94,15 +95,15 @@ async fn the_plugin_shows_inspects_and_drains_a_running_streamapp() {
             |st| {
                 st.pods
                     .iter()
-                    .any(|p| p.name == pod && p.phase.as_deref() == Some("Drained"))
+                    .any(|p| p.name == pod && p.phase == Some(PodPhase::Drained))
             },
         )
         .await;
     let last = drained.pods.iter().find(|p| p.name == pod).unwrap();
     assert_eq!(last.last_shutdown_clean, Some(true), "{last:?}");
     assert_eq!(
-        last.drain_requested_by.as_deref(),
-        Some("Http"),
+        last.drain_requested_by,
+        Some(DrainRequest::Http),
         "the kubelet ran the preStop drain: {last:?}"
     );
     s.wait_ready(READY_TIMEOUT).await;

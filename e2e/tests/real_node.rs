@@ -13,6 +13,9 @@ use kube::Api;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use streamapp_api::crd::{PodStateStatus, StreamApp, StreamAppStatus};
+use streamapp_api::status_values::{
+    AppPhase, DrainRequest, PodPhase, StateHealth, StoreOpen, TaskState,
+};
 use streamapp_e2e::{APP, Scenario, Sent, pod_name};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
@@ -96,8 +99,8 @@ async fn the_example_runs_on_the_real_node_deduplicates_exactly_once_and_kubectl
         Duration::from_secs(60),
         |st| {
             st.ready.as_deref() == Some("2/2")
-                && st.phase.as_deref() == Some("Running")
-                && st.state_health.as_deref() == Some("Healthy")
+                && st.phase == Some(AppPhase::Running)
+                && st.state_health == Some(StateHealth::Healthy)
         },
     )
     .await;
@@ -164,14 +167,14 @@ async fn deleting_a_pod_runs_the_prestop_drain_and_its_successor_restores_nothin
         .wait_for_status(
             "the old pod's final report",
             Duration::from_secs(90),
-            |st| report(st, &pod).is_some_and(|p| p.phase.as_deref() == Some("Drained")),
+            |st| report(st, &pod).is_some_and(|p| p.phase == Some(PodPhase::Drained)),
         )
         .await;
     let last = report(&drained, &pod).unwrap();
     assert_eq!(last.last_shutdown_clean, Some(true), "{last:?}");
     assert_eq!(
-        last.drain_requested_by.as_deref(),
-        Some("Http"),
+        last.drain_requested_by,
+        Some(DrainRequest::Http),
         "the kubelet ran the preStop hook: {last:?}"
     );
     assert!(last.drain_duration_ms.is_some(), "{last:?}");
@@ -200,7 +203,7 @@ async fn deleting_a_pod_runs_the_prestop_drain_and_its_successor_restores_nothin
             Duration::from_secs(60),
             |st| {
                 report(st, &pod).is_some_and(|p| {
-                    p.phase.as_deref() == Some("Running")
+                    p.phase == Some(PodPhase::Running)
                         && !p.tasks.is_empty()
                         && p.tasks.iter().all(|t| t.opened.is_some())
                 })
@@ -210,7 +213,7 @@ async fn deleting_a_pod_runs_the_prestop_drain_and_its_successor_restores_nothin
     let new = report(&status, &pod).unwrap();
     assert_eq!(new.last_shutdown_clean, Some(true), "{new:?}");
     for task in &new.tasks {
-        assert_eq!(task.opened.as_deref(), Some("Clean"), "{new:?}");
+        assert_eq!(task.opened, Some(StoreOpen::Clean), "{new:?}");
         assert!(
             task.restore.as_ref().is_none_or(|r| r.restored == 0),
             "nothing restored: {new:?}"
@@ -288,7 +291,7 @@ async fn killing_a_two_thread_processor_container_restarts_it_and_replays_only_t
             Duration::from_secs(60),
             |st| {
                 report(st, &pod).is_some_and(|p| {
-                    p.phase.as_deref() == Some("Running")
+                    p.phase == Some(PodPhase::Running)
                         && p.last_shutdown_clean == Some(false)
                         // Both threads' tasks: the pod's two partitions.
                         && p.tasks.len() == 2
@@ -301,7 +304,7 @@ async fn killing_a_two_thread_processor_container_restarts_it_and_replays_only_t
     for task in &entry.tasks {
         // Its own store, reopened: only what the changelog holds beyond the store's offset is
         // replayed, never the whole changelog.
-        assert_eq!(task.opened.as_deref(), Some("ReplayedTail"), "{entry:?}");
+        assert_eq!(task.opened, Some(StoreOpen::ReplayedTail), "{entry:?}");
         let restored = task.restore.as_ref().map_or(0, |r| r.restored);
         assert!(
             restored < 100,
@@ -503,7 +506,7 @@ async fn kubectl_scale_moves_partitions_steps_in_one_pod_at_a_time_keeps_exactly
     s.wait_for_status("1/1 Running", READY_TIMEOUT, |st| {
         st.ready.as_deref() == Some("1/1")
             && st.replicas == Some(1)
-            && st.phase.as_deref() == Some("Running")
+            && st.phase == Some(AppPhase::Running)
     })
     .await;
     let (steps, reasons) = watcher.await.unwrap();
@@ -742,7 +745,7 @@ async fn a_bad_image_rolled_out_then_reverted_heals_without_deleting_a_pod_by_ha
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     s.wait_for_status("2/2 Running again", Duration::from_secs(60), |st| {
-        st.ready.as_deref() == Some("2/2") && st.phase.as_deref() == Some("Running")
+        st.ready.as_deref() == Some("2/2") && st.phase == Some(AppPhase::Running)
     })
     .await;
     sent.produce(&s, 500, 0.3, 0);
@@ -773,13 +776,9 @@ async fn with_a_standby_replica_every_partition_has_a_warm_copy_on_the_other_pod
         )
         .await;
     for pod in &status.pods {
-        let states: Vec<_> = pod
-            .tasks
-            .iter()
-            .filter_map(|t| t.state.as_deref())
-            .collect();
+        let states: Vec<_> = pod.tasks.iter().filter_map(|t| t.state.as_ref()).collect();
         assert!(
-            states.contains(&"Active") && states.contains(&"Standby"),
+            states.contains(&&TaskState::Active) && states.contains(&&TaskState::Standby),
             "{}: {states:?}",
             pod.name
         );

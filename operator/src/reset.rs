@@ -10,15 +10,9 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use streamapp_api::crd::ResetStatus;
+use streamapp_api::status_values::ResetPhase;
 
 use crate::kafka::ResetTarget;
-
-pub const STOPPING_PODS: &str = "StoppingPods";
-pub const RESETTING_OFFSETS: &str = "ResettingOffsets";
-pub const CLEARING_STATE: &str = "ClearingState";
-pub const STARTING_PODS: &str = "StartingPods";
-pub const DONE: &str = "Done";
-pub const FAILED: &str = "Failed";
 
 /// What the reconciler sees that the reset waits for.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -70,13 +64,13 @@ impl Plan {
 
 fn status(
     request: &str,
-    phase: &str,
+    phase: ResetPhase,
     message: Option<String>,
     started: Option<Time>,
 ) -> ResetStatus {
     ResetStatus {
         request: request.to_string(),
-        phase: phase.to_string(),
+        phase,
         message,
         started_at: started,
         finished_at: None,
@@ -113,7 +107,7 @@ pub fn plan(
                         .or_else(now_time),
                     ..status(
                         request,
-                        FAILED,
+                        ResetPhase::Failed,
                         Some(why),
                         current.and_then(|c| c.started_at.clone()),
                     )
@@ -123,16 +117,16 @@ pub fn plan(
         }
     };
     let started = current.and_then(|c| c.started_at.clone()).or_else(now_time);
-    let phase = current.map_or(STOPPING_PODS, |c| c.phase.as_str());
+    let phase = current.map_or(&ResetPhase::StoppingPods, |c| &c.phase);
     match phase {
-        DONE | FAILED => Plan {
+        ResetPhase::Done | ResetPhase::Failed => Plan {
             status: current.cloned(),
             action: Action::None,
         },
-        STOPPING_PODS if view.pods > 0 || !view.group_empty => Plan {
+        ResetPhase::StoppingPods if view.pods > 0 || !view.group_empty => Plan {
             status: Some(status(
                 request,
-                STOPPING_PODS,
+                ResetPhase::StoppingPods,
                 Some(if view.pods > 0 {
                     format!("waiting for {} pods to drain and stop", view.pods)
                 } else {
@@ -142,14 +136,14 @@ pub fn plan(
             )),
             action: Action::Wait,
         },
-        STOPPING_PODS | RESETTING_OFFSETS => Plan {
-            status: Some(status(request, RESETTING_OFFSETS, None, started)),
+        ResetPhase::StoppingPods | ResetPhase::ResettingOffsets => Plan {
+            status: Some(status(request, ResetPhase::ResettingOffsets, None, started)),
             action: Action::ResetOffsets(target),
         },
-        CLEARING_STATE if view.claims > 0 || view.internal_topics > 0 => Plan {
+        ResetPhase::ClearingState if view.claims > 0 || view.internal_topics > 0 => Plan {
             status: Some(status(
                 request,
-                CLEARING_STATE,
+                ResetPhase::ClearingState,
                 Some(format!(
                     "deleting {} volume claims and {} internal topics",
                     view.claims, view.internal_topics
@@ -158,19 +152,20 @@ pub fn plan(
             )),
             action: Action::ClearState,
         },
-        CLEARING_STATE | STARTING_PODS if view.ready < view.desired => Plan {
+        ResetPhase::ClearingState | ResetPhase::StartingPods if view.ready < view.desired => Plan {
             status: Some(status(
                 request,
-                STARTING_PODS,
+                ResetPhase::StartingPods,
                 Some(format!("{}/{} pods ready", view.ready, view.desired)),
                 started,
             )),
             action: Action::StartPods,
         },
+        // Started again, or a phase another version wrote that this one does not know.
         _ => Plan {
             status: Some(ResetStatus {
                 finished_at: now_time(),
-                ..status(request, DONE, None, started)
+                ..status(request, ResetPhase::Done, None, started)
             }),
             action: Action::None,
         },
@@ -180,7 +175,7 @@ pub fn plan(
 /// The phase after an action succeeded (offsets moved: clear the state next).
 pub fn after_offsets_reset(plan: &Plan) -> Option<ResetStatus> {
     plan.status.clone().map(|s| ResetStatus {
-        phase: CLEARING_STATE.into(),
+        phase: ResetPhase::ClearingState,
         message: None,
         ..s
     })
@@ -218,11 +213,8 @@ mod tests {
     fn a_reset_stops_the_pods_moves_the_offsets_clears_the_state_and_starts_again() {
         let s1 = step("earliest", None, &view(2, false, 2, 1, 2));
         assert_eq!(
-            (
-                s1.action.clone(),
-                s1.status.as_ref().unwrap().phase.as_str()
-            ),
-            (Action::Wait, STOPPING_PODS)
+            (s1.action.clone(), &s1.status.as_ref().unwrap().phase),
+            (Action::Wait, &ResetPhase::StoppingPods)
         );
         assert!(s1.stops_pods());
         // Pods gone, but the static members linger in the group.
@@ -239,22 +231,19 @@ mod tests {
         );
         let s3 = step("earliest", s2.status.as_ref(), &view(0, true, 2, 1, 0));
         assert_eq!(s3.action, Action::ResetOffsets(ResetTarget::Earliest));
-        assert_eq!(s3.status.as_ref().unwrap().phase, CLEARING_STATE);
+        assert_eq!(s3.status.as_ref().unwrap().phase, ResetPhase::ClearingState);
         let s4 = step("earliest", s3.status.as_ref(), &view(0, true, 2, 1, 0));
         assert_eq!(s4.action, Action::ClearState);
         assert!(s4.stops_pods());
         let s5 = step("earliest", s4.status.as_ref(), &view(0, true, 0, 0, 0));
         assert_eq!(
-            (
-                s5.action.clone(),
-                s5.status.as_ref().unwrap().phase.as_str()
-            ),
-            (Action::StartPods, STARTING_PODS)
+            (s5.action.clone(), &s5.status.as_ref().unwrap().phase),
+            (Action::StartPods, &ResetPhase::StartingPods)
         );
         assert!(!s5.stops_pods());
         let s6 = step("earliest", s5.status.as_ref(), &view(2, false, 2, 1, 2));
         let done = s6.status.unwrap();
-        assert_eq!((s6.action, done.phase.as_str()), (Action::None, DONE));
+        assert_eq!((s6.action, &done.phase), (Action::None, &ResetPhase::Done));
         assert_eq!(
             done.started_at,
             s1.status.unwrap().started_at,
@@ -277,16 +266,32 @@ mod tests {
         let p = plan(Some("yesterday"), None, &view(2, false, 2, 1, 2), now());
         assert_eq!(p.action, Action::None);
         let s = p.status.unwrap();
-        assert_eq!(s.phase, FAILED);
+        assert_eq!(s.phase, ResetPhase::Failed);
         assert!(s.message.unwrap().contains("RFC 3339"));
+    }
+
+    #[test]
+    fn a_phase_written_by_another_version_ends_the_reset_as_done() {
+        let unknown = ResetStatus {
+            request: "earliest".into(),
+            phase: ResetPhase::Other("VerifyingOffsets".into()),
+            message: None,
+            started_at: None,
+            finished_at: None,
+        };
+        let p = step("earliest", Some(&unknown), &view(2, false, 2, 1, 2));
+        assert_eq!(p.action, Action::None);
+        assert_eq!(p.status.unwrap().phase, ResetPhase::Done);
     }
 
     #[test]
     fn without_the_annotation_nothing_runs_and_the_last_reset_is_kept() {
         let done = ResetStatus {
             request: "latest".into(),
-            phase: DONE.into(),
-            ..Default::default()
+            phase: ResetPhase::Done,
+            message: None,
+            started_at: None,
+            finished_at: None,
         };
         let p = plan(None, Some(&done), &View::default(), now());
         assert_eq!((p.action, p.status), (Action::None, Some(done)));

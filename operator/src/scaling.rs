@@ -16,14 +16,15 @@
 
 use streamapp_api::config::pod_of_group_member;
 use streamapp_api::crd::PodStateStatus;
+use streamapp_api::status_values::TaskState;
 
 use crate::owned::pod_ordinal;
 
 /// Task states of a store that is not usable yet.
-const NOT_YET_HELD: [&str; 2] = ["Opening", "Restoring"];
+const NOT_YET_HELD: [TaskState; 2] = [TaskState::Opening, TaskState::Restoring];
 /// Task states of a replica that keeps a store warm but does not process the partition: a pod
 /// with only these has not taken the partition over.
-const REPLICA_ONLY: [&str; 2] = ["Standby", "WarmingUp"];
+const REPLICA_ONLY: [TaskState; 2] = [TaskState::Standby, TaskState::WarmingUp];
 
 /// What the next scale step is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,11 +65,7 @@ pub fn next_step(
         .flat_map(|r| {
             r.tasks
                 .iter()
-                .filter(|t| {
-                    t.state
-                        .as_deref()
-                        .is_some_and(|s| NOT_YET_HELD.contains(&s))
-                })
+                .filter(|t| t.state.as_ref().is_some_and(|s| NOT_YET_HELD.contains(s)))
                 .map(move |t| format!("{} partition {}", r.name, t.partition))
         })
         .collect();
@@ -93,7 +90,7 @@ pub fn next_step(
             .flat_map(|r| {
                 r.tasks
                     .iter()
-                    .filter(|t| !REPLICA_ONLY.contains(&t.state.as_deref().unwrap_or("")))
+                    .filter(|t| t.state.as_ref().is_none_or(|s| !REPLICA_ONLY.contains(s)))
                     .map(|t| t.partition)
             })
             .collect();
@@ -140,7 +137,7 @@ mod tests {
     use super::*;
     use streamapp_api::crd::TaskStateStatus;
 
-    fn pod(name: &str, up: bool, tasks: &[(i32, &str)]) -> PodStateStatus {
+    fn pod(name: &str, up: bool, tasks: &[(i32, TaskState)]) -> PodStateStatus {
         PodStateStatus {
             name: name.to_string(),
             processor_up: up,
@@ -148,7 +145,7 @@ mod tests {
                 .iter()
                 .map(|(p, s)| TaskStateStatus {
                     partition: *p,
-                    state: Some(s.to_string()),
+                    state: Some(s.clone()),
                     ..Default::default()
                 })
                 .collect(),
@@ -172,8 +169,16 @@ mod tests {
     #[test]
     fn scale_in_takes_one_step_when_the_remaining_pods_hold_every_partition() {
         let reports = [
-            pod("orders-0", true, &[(0, "Active"), (1, "Active")]),
-            pod("orders-1", true, &[(2, "Active"), (3, "Restored")]),
+            pod(
+                "orders-0",
+                true,
+                &[(0, TaskState::Active), (1, TaskState::Active)],
+            ),
+            pod(
+                "orders-1",
+                true,
+                &[(2, TaskState::Active), (3, TaskState::Restored)],
+            ),
             pod("orders-2", true, &[]),
         ];
         assert_eq!(
@@ -188,8 +193,16 @@ mod tests {
     #[test]
     fn scale_in_waits_while_a_remaining_pod_restores() {
         let reports = [
-            pod("orders-0", true, &[(0, "Active"), (1, "Restoring")]),
-            pod("orders-1", true, &[(2, "Active"), (3, "Active")]),
+            pod(
+                "orders-0",
+                true,
+                &[(0, TaskState::Active), (1, TaskState::Restoring)],
+            ),
+            pod(
+                "orders-1",
+                true,
+                &[(2, TaskState::Active), (3, TaskState::Active)],
+            ),
         ];
         let s = step(Some(2), 1, &reports);
         assert_eq!(s.replicas, 2);
@@ -205,9 +218,13 @@ mod tests {
     fn scale_in_waits_until_the_partitions_of_the_pod_that_went_are_taken_over() {
         // orders-2 went in the previous step; its partitions 2 and 3 are not owned yet.
         let reports = [
-            pod("orders-0", true, &[(0, "Active")]),
-            pod("orders-1", true, &[(1, "Active")]),
-            pod("orders-2", true, &[(2, "Active"), (3, "Active")]),
+            pod("orders-0", true, &[(0, TaskState::Active)]),
+            pod("orders-1", true, &[(1, TaskState::Active)]),
+            pod(
+                "orders-2",
+                true,
+                &[(2, TaskState::Active), (3, TaskState::Active)],
+            ),
         ];
         let s = step(Some(2), 1, &reports);
         assert_eq!(s.replicas, 2);
@@ -220,11 +237,11 @@ mod tests {
     #[test]
     fn a_remaining_pod_that_is_down_or_unreported_does_not_hold_the_scale_in_for_good() {
         let down = [
-            pod("orders-0", true, &[(0, "Active")]),
+            pod("orders-0", true, &[(0, TaskState::Active)]),
             pod("orders-1", false, &[]),
         ];
         assert_eq!(step(Some(2), 1, &down).replicas, 1);
-        let unreported = [pod("orders-0", true, &[(0, "Active")])];
+        let unreported = [pod("orders-0", true, &[(0, TaskState::Active)])];
         assert_eq!(step(Some(2), 1, &unreported).replicas, 1);
         assert_eq!(step(Some(3), 1, &[]).replicas, 2, "no reports at all");
     }
@@ -235,9 +252,17 @@ mod tests {
             pod(
                 "orders-0",
                 true,
-                &[(0, "Active"), (1, "Active"), (2, "Standby")],
+                &[
+                    (0, TaskState::Active),
+                    (1, TaskState::Active),
+                    (2, TaskState::Standby),
+                ],
             ),
-            pod("orders-1", true, &[(3, "Active"), (2, "WarmingUp")]),
+            pod(
+                "orders-1",
+                true,
+                &[(3, TaskState::Active), (2, TaskState::WarmingUp)],
+            ),
         ];
         let s = step(Some(2), 1, &reports);
         assert_eq!(s.replicas, 2);
@@ -253,9 +278,14 @@ mod tests {
             pod(
                 "orders-0",
                 true,
-                &[(0, "Active"), (1, "Active"), (2, "Active"), (3, "Active")],
+                &[
+                    (0, TaskState::Active),
+                    (1, TaskState::Active),
+                    (2, TaskState::Active),
+                    (3, TaskState::Active),
+                ],
             ),
-            pod("orders-eu-0", true, &[(0, "Restoring")]),
+            pod("orders-eu-0", true, &[(0, TaskState::Restoring)]),
         ];
         assert_eq!(step(Some(2), 1, &reports).replicas, 1);
     }

@@ -13,6 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use streamapp_api::config::default_acceptable_recovery_lag;
 use streamapp_api::crd::{PodStateStatus, StreamApp, StreamAppStatus};
+use streamapp_api::status_values::{AppPhase, PodPhase, StateHealth, StoreOpen, TaskState};
 use streamapp_api::units::format_duration;
 
 use crate::owned;
@@ -26,12 +27,6 @@ pub const PROGRESSING: &str = "Progressing";
 pub const STATE_HEALTHY: &str = "StateHealthy";
 pub const DEGRADED: &str = "Degraded";
 pub const RECONCILIATION_PAUSED: &str = "ReconciliationPaused";
-
-pub const PHASE_PENDING: &str = "Pending";
-pub const PHASE_PROGRESSING: &str = "Progressing";
-pub const PHASE_RUNNING: &str = "Running";
-pub const PHASE_DEGRADED: &str = "Degraded";
-pub const PHASE_STOPPED: &str = "Stopped";
 
 /// Progressing reason while volumes grow (the event `StorageResized` follows its end).
 pub const STORAGE_RESIZING: &str = "StorageResizing";
@@ -151,7 +146,7 @@ pub fn compute_status(
         .is_some_and(|w| w.rolling_out || w.scaling);
 
     let reports = current_reports(app, &findings.pod_uids);
-    let state = state_health(&reports, desired);
+    let state = state_healthy(&reports, desired);
 
     let previous_progressing = find(&previous.conditions, PROGRESSING);
     let progressing_since = previous_progressing
@@ -161,7 +156,7 @@ pub fn compute_status(
     let overdue = now.duration_since(progressing_since).unsigned_abs() > PROGRESS_DEADLINE;
     // Pods that were all ready and are not any more, without a change in between: something
     // broke, it is not a rollout.
-    let was_steady = previous.phase.as_deref() == Some(PHASE_RUNNING)
+    let was_steady = previous.phase == Some(AppPhase::Running)
         || find(&previous.conditions, DEGRADED)
             .is_some_and(|c| c.status == "True" && c.reason == PODS_NOT_READY);
     let pods_lagging = desired > 0 && sts.is_some() && ready < desired && !rolling;
@@ -202,15 +197,15 @@ pub fn compute_status(
     };
 
     let phase = if desired == 0 {
-        PHASE_STOPPED
+        AppPhase::Stopped
     } else if degraded.is_some() {
-        PHASE_DEGRADED
+        AppPhase::Degraded
     } else if sts.is_none() {
-        PHASE_PENDING
+        AppPhase::Pending
     } else if rolling || ready < desired || findings.scale_in.is_some() {
-        PHASE_PROGRESSING
+        AppPhase::Progressing
     } else {
-        PHASE_RUNNING
+        AppPhase::Running
     };
 
     let ready_condition = if desired == 0 {
@@ -471,19 +466,16 @@ pub fn compute_status(
         repartition_lag,
         input_partitions,
         reset: findings.reset.clone().or_else(|| previous.reset.clone()),
-        phase: Some(phase.to_string()),
+        phase: Some(phase),
         replicas: Some(pods),
         ready_replicas: Some(ready),
         ready: Some(format!("{ready}/{desired}")),
         selector: Some(owned::selector_string(app)),
-        state_health: Some(
-            match state.status {
-                "True" => "Healthy",
-                "False" => "Degraded",
-                _ => "Unknown",
-            }
-            .to_string(),
-        ),
+        state_health: Some(match state.status {
+            "True" => StateHealth::Healthy,
+            "False" => StateHealth::Degraded,
+            _ => StateHealth::Unknown,
+        }),
         worst_restore_lag: tasks().filter_map(|t| t.restore_lag).max(),
         standby_coverage: (app.spec.standby_replicas > 0)
             .then(|| standby_coverage(&reports, input_partitions))
@@ -502,7 +494,7 @@ fn standby_coverage(reports: &[&PodStateStatus], partitions: Option<i32>) -> Opt
     let covered: std::collections::BTreeSet<i32> = reports
         .iter()
         .flat_map(|r| r.tasks.iter())
-        .filter(|t| t.state.as_deref() == Some("Standby"))
+        .filter(|t| t.state == Some(TaskState::Standby))
         // Caught up as the assignor counts it: within the acceptable recovery lag the operator
         // configures (the processor's default).
         .filter(|t| {
@@ -693,42 +685,43 @@ pub const PROCESSOR_DOWN: &str = "ProcessorDown";
 pub const REBUILDING: &str = "Rebuilding";
 pub const STORES_HEALTHY: &str = "StoresHealthy";
 
-struct StateHealth {
+/// The StateHealthy condition: its status, reason and message.
+struct StateHealthy {
     status: &'static str,
     reason: &'static str,
     message: String,
 }
 
 /// The StateHealthy condition from the agents' reports: the worst pod decides.
-fn state_health(reports: &[&PodStateStatus], desired: i32) -> StateHealth {
+fn state_healthy(reports: &[&PodStateStatus], desired: i32) -> StateHealthy {
     if reports.is_empty() {
-        return StateHealth {
+        return StateHealthy {
             status: "Unknown",
             reason: NO_REPORTS,
             message: "no agent has reported yet".into(),
         };
     }
-    let with_phase = |phase: &str| -> Vec<String> {
+    let with_phase = |phase: PodPhase| -> Vec<String> {
         reports
             .iter()
-            .filter(|p| p.phase.as_deref() == Some(phase))
+            .filter(|p| p.phase.as_ref() == Some(&phase))
             .map(|p| match &p.message {
                 Some(m) => format!("{}: {m}", p.name),
                 None => p.name.clone(),
             })
             .collect()
     };
-    let failed = with_phase("Failed");
+    let failed = with_phase(PodPhase::Failed);
     if !failed.is_empty() {
-        return StateHealth {
+        return StateHealthy {
             status: "False",
             reason: PROCESSOR_FAILED,
             message: format!("processor failed on {}", failed.join("; ")),
         };
     }
-    let down = with_phase("Down");
+    let down = with_phase(PodPhase::Down);
     if !down.is_empty() {
-        return StateHealth {
+        return StateHealthy {
             status: "False",
             reason: PROCESSOR_DOWN,
             message: format!("no processor running on {}", down.join("; ")),
@@ -737,7 +730,7 @@ fn state_health(reports: &[&PodStateStatus], desired: i32) -> StateHealth {
     let rebuilding: Vec<String> = reports
         .iter()
         .flat_map(|p| p.tasks.iter().map(move |t| (p, t)))
-        .filter(|(_, t)| t.opened.as_deref() == Some("Rebuilt") && t.restore.is_some())
+        .filter(|(_, t)| t.opened == Some(StoreOpen::Rebuilt) && t.restore.is_some())
         .map(|(p, t)| {
             let progress = t
                 .restore
@@ -756,14 +749,14 @@ fn state_health(reports: &[&PodStateStatus], desired: i32) -> StateHealth {
         })
         .collect();
     if !rebuilding.is_empty() {
-        return StateHealth {
+        return StateHealthy {
             status: "False",
             reason: REBUILDING,
             message: rebuilding.join("; "),
         };
     }
     if let Some(message) = crate::task_reports::stores_backing_off(reports) {
-        return StateHealth {
+        return StateHealthy {
             status: "False",
             reason: crate::task_reports::STORE_BACKING_OFF,
             message,
@@ -773,7 +766,7 @@ fn state_health(reports: &[&PodStateStatus], desired: i32) -> StateHealth {
     if let Some(idle) = crate::task_reports::idle_replicas(desired, reports) {
         message = format!("{message}; {idle}");
     }
-    StateHealth {
+    StateHealthy {
         status: "True",
         reason: STORES_HEALTHY,
         message,

@@ -19,6 +19,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use streamapp_api::config::ProcessorConfig;
 use streamapp_api::crd::StreamApp;
+use streamapp_api::status_values::{AppPhase, StateHealth};
 use support::*;
 use testbed::kube::{kubectl, wait_for};
 
@@ -410,7 +411,7 @@ async fn an_agents_pods_entry_written_with_its_own_field_manager_survives_operat
             Some("2026-12-01T09:57:50Z"),
             "reported at 10:00:00 as committed 130 s before"
         );
-        assert_eq!(status.state_health.as_deref(), Some("Healthy"));
+        assert_eq!(status.state_health, Some(StateHealth::Healthy));
         assert_eq!(condition(&status, "StateHealthy").unwrap(), ("True".into(), "StoresHealthy".into()));
 
         // More reconciles, each applying the status: the entry stays.
@@ -549,7 +550,7 @@ async fn a_memory_limit_below_the_rocksdb_budget_is_degraded_and_not_rolled_out(
             condition(s, "Degraded").is_some_and(|c| c.1 == "MemoryBudgetExceeded")
         })
         .await;
-        assert_eq!(status.phase.as_deref(), Some("Degraded"));
+        assert_eq!(status.phase, Some(AppPhase::Degraded));
         let message = &status.conditions.iter().find(|c| c.type_ == "Degraded").unwrap().message;
         assert!(message.contains("114 MiB over") && message.contains("rocksdb.blockCacheSize"), "{message}");
         assert_eq!(condition(&status, "Progressing").unwrap().1, "RolloutBlocked");

@@ -4,6 +4,7 @@
 //! drain); nothing here talks to the API server.
 
 use streamapp_api::annotations::{PAUSED, RESET, RESTART};
+use streamapp_api::status_values::{ResetPhase, StoreOpen};
 
 /// Where a reset moves the input offsets.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,7 +92,8 @@ pub fn reset(ns: &str, name: &str, to: &ResetTo) -> Change {
             to.value()
         ),
         next: format!(
-            "kubectl streamapp status {name} -n {ns} --watch   # reset phase, Done at the end"
+            "kubectl streamapp status {name} -n {ns} --watch   # reset phase, {} at the end",
+            ResetPhase::Done
         ),
     }
 }
@@ -114,7 +116,8 @@ pub fn drain(ns: &str, pod: &str, app: &str) -> (String, String) {
             "draining {ns}/{pod}: deleted with its grace period, so the kubelet runs the preStop drain; the StatefulSet starts it again"
         ),
         format!(
-            "kubectl streamapp status {app} -n {ns} --watch   # {pod}: last shutdown clean, opened Clean"
+            "kubectl streamapp status {app} -n {ns} --watch   # {pod}: last shutdown clean, opened {}",
+            StoreOpen::Clean
         ),
     )
 }

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use streamapp_api::crd::{PodStateStatus, StreamApp, TaskStateStatus};
+use streamapp_api::status_values::{AppPhase, PodPhase, ResetPhase, StateHealth, TaskState};
 
 /// Whether to colour the text (only on a terminal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,16 +54,97 @@ fn paint(colour: Colour, code: &str, text: &str) -> String {
     }
 }
 
-/// Green for what is fine, yellow for what is under way, red for what is wrong.
-fn word(colour: Colour, text: &str) -> String {
-    let code = match text {
-        "Running" | "Healthy" | "Active" | "ready" => "32",
-        "Progressing" | "Pending" | "Restoring" | "Opening" | "Restored" | "Unknown"
-        | "Draining" | "Starting" => "33",
-        "Degraded" | "Failed" | "Down" | "BackingOff" | "not ready" => "31",
-        _ => return text.to_string(),
-    };
-    paint(colour, code, text)
+/// Green for what is fine, yellow for what is under way (or not known yet), red for what is
+/// wrong; the rest is not coloured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tone {
+    Fine,
+    UnderWay,
+    Wrong,
+    Plain,
+}
+
+impl Tone {
+    fn paint(self, colour: Colour, text: &str) -> String {
+        match self {
+            Tone::Fine => paint(colour, "32", text),
+            Tone::UnderWay => paint(colour, "33", text),
+            Tone::Wrong => paint(colour, "31", text),
+            Tone::Plain => text.to_string(),
+        }
+    }
+}
+
+/// A status value, shown in its tone. A value written by another version (`Other`) is shown
+/// as it was written, not coloured.
+trait Toned: std::fmt::Display {
+    fn tone(&self) -> Tone;
+}
+
+impl Toned for AppPhase {
+    fn tone(&self) -> Tone {
+        match self {
+            AppPhase::Running => Tone::Fine,
+            AppPhase::Pending | AppPhase::Progressing => Tone::UnderWay,
+            AppPhase::Degraded => Tone::Wrong,
+            AppPhase::Stopped | AppPhase::Other(_) => Tone::Plain,
+        }
+    }
+}
+
+impl Toned for StateHealth {
+    fn tone(&self) -> Tone {
+        match self {
+            StateHealth::Healthy => Tone::Fine,
+            StateHealth::Unknown => Tone::UnderWay,
+            StateHealth::Degraded => Tone::Wrong,
+            StateHealth::Other(_) => Tone::Plain,
+        }
+    }
+}
+
+impl Toned for ResetPhase {
+    fn tone(&self) -> Tone {
+        match self {
+            ResetPhase::Failed => Tone::Wrong,
+            ResetPhase::StoppingPods
+            | ResetPhase::ResettingOffsets
+            | ResetPhase::ClearingState
+            | ResetPhase::StartingPods
+            | ResetPhase::Done
+            | ResetPhase::Other(_) => Tone::Plain,
+        }
+    }
+}
+
+impl Toned for PodPhase {
+    fn tone(&self) -> Tone {
+        match self {
+            PodPhase::Running => Tone::Fine,
+            PodPhase::Starting | PodPhase::Restoring | PodPhase::Draining => Tone::UnderWay,
+            PodPhase::Failed | PodPhase::Down => Tone::Wrong,
+            PodPhase::Drained | PodPhase::Other(_) => Tone::Plain,
+        }
+    }
+}
+
+impl Toned for TaskState {
+    fn tone(&self) -> Tone {
+        match self {
+            TaskState::Active => Tone::Fine,
+            TaskState::Opening | TaskState::Restoring | TaskState::Restored => Tone::UnderWay,
+            TaskState::BackingOff => Tone::Wrong,
+            TaskState::Standby | TaskState::WarmingUp | TaskState::Other(_) => Tone::Plain,
+        }
+    }
+}
+
+/// `value` in its tone; `Unknown` while it is not reported.
+fn word<T: Toned>(colour: Colour, value: Option<&T>) -> String {
+    match value {
+        Some(v) => v.tone().paint(colour, &v.to_string()),
+        None => Tone::UnderWay.paint(colour, "Unknown"),
+    }
 }
 
 fn app_tree(out: &mut String, app: &StreamApp, now: Timestamp, colour: Colour) {
@@ -71,7 +153,7 @@ fn app_tree(out: &mut String, app: &StreamApp, now: Timestamp, colour: Colour) {
     let mut head = format!(
         "{}  {}",
         paint(colour, "1", &format!("{ns}/{}", app.name_any())),
-        word(colour, status.phase.as_deref().unwrap_or("Unknown")),
+        word(colour, status.phase.as_ref()),
     );
     head += &format!(
         "  {} ready",
@@ -81,7 +163,7 @@ fn app_tree(out: &mut String, app: &StreamApp, now: Timestamp, colour: Colour) {
             .unwrap_or_else(|| format!("?/{}", app.spec.replicas))
     );
     if let Some(state) = &status.state_health {
-        head += &format!("  state {}", word(colour, state));
+        head += &format!("  state {}", word(colour, Some(state)));
     }
     if let Some(lag) = status.lag {
         head += &format!("  lag {lag}");
@@ -128,7 +210,11 @@ fn app_tree(out: &mut String, app: &StreamApp, now: Timestamp, colour: Colour) {
         ]);
     }
     if let Some(reset) = &status.reset {
-        let mut line = format!("reset to {}: {}", reset.request, word(colour, &reset.phase));
+        let mut line = format!(
+            "reset to {}: {}",
+            reset.request,
+            word(colour, Some(&reset.phase))
+        );
         if let Some(m) = &reset.message {
             line += &format!(" ({m})");
         }
@@ -179,8 +265,12 @@ fn pod_lines(pod: &PodStateStatus, now: Timestamp, colour: Colour) -> Vec<String
     let mut head = format!(
         "pod {}  {}  {}",
         pod.name,
-        word(colour, pod.phase.as_deref().unwrap_or("Unknown")),
-        word(colour, if pod.ready { "ready" } else { "not ready" }),
+        word(colour, pod.phase.as_ref()),
+        if pod.ready {
+            Tone::Fine.paint(colour, "ready")
+        } else {
+            Tone::Wrong.paint(colour, "not ready")
+        },
     );
     match pod.last_shutdown_clean {
         Some(true) => {
@@ -223,8 +313,11 @@ fn pod_lines(pod: &PodStateStatus, now: Timestamp, colour: Colour) -> Vec<String
 }
 
 fn task_line(t: &TaskStateStatus, colour: Colour) -> String {
-    let state = t.state.as_deref().unwrap_or("Unknown");
-    let mut line = format!("partition {:<3} {}", t.partition, word(colour, state));
+    let mut line = format!(
+        "partition {:<3} {}",
+        t.partition,
+        word(colour, t.state.as_ref())
+    );
     if let Some(r) = &t.restore {
         line += &format!("  {}", progress(r.restored, r.total));
         if let Some(rate) = r.rate {
@@ -346,5 +439,55 @@ mod tests {
         assert_eq!(bytes(512), "512 B");
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(bytes(3 * 1024 * 1024 * 1024), "3.0 GiB");
+    }
+
+    #[test]
+    fn each_status_value_keeps_the_colour_its_word_had() {
+        // The words and colours from before the values were typed.
+        let green = ["Running", "Healthy", "Active"];
+        let yellow = [
+            "Progressing",
+            "Pending",
+            "Restoring",
+            "Opening",
+            "Restored",
+            "Unknown",
+            "Draining",
+            "Starting",
+        ];
+        let red = ["Degraded", "Failed", "Down", "BackingOff"];
+        let expected = |text: &str| {
+            if green.contains(&text) {
+                Tone::Fine
+            } else if yellow.contains(&text) {
+                Tone::UnderWay
+            } else if red.contains(&text) {
+                Tone::Wrong
+            } else {
+                Tone::Plain
+            }
+        };
+        fn tones<T: Toned>(values: &[T]) -> Vec<(String, Tone)> {
+            values.iter().map(|v| (v.to_string(), v.tone())).collect()
+        }
+        let all = [
+            tones(AppPhase::KNOWN),
+            tones(StateHealth::KNOWN),
+            tones(ResetPhase::KNOWN),
+            tones(PodPhase::KNOWN),
+            tones(TaskState::KNOWN),
+        ];
+        for (text, tone) in all.iter().flatten() {
+            assert_eq!(*tone, expected(text), "{text}");
+        }
+        assert_eq!(
+            word(Colour::Ansi, None::<&PodPhase>),
+            "\x1b[33mUnknown\x1b[0m"
+        );
+        assert_eq!(
+            word(Colour::Ansi, Some(&TaskState::Other("Paused".into()))),
+            "Paused",
+            "a value of another version as it was written"
+        );
     }
 }

@@ -3,9 +3,10 @@
 use super::*;
 use crate::disk::{CheckpointFile, WalOnDisk};
 use streamapp_api::health::{
-    DeadLetterNote, Quarantine, RestoreProgress, StoreBackoff, StoreUnavailable, TaskState,
-    WalFiles,
+    DeadLetterNote, Quarantine, RestoreProgress, StoreBackoff, StoreOpen, StoreUnavailable,
+    TaskState, WalFiles,
 };
+use streamapp_api::status_values;
 
 const NOW: i64 = 1_750_000_000_000;
 
@@ -75,7 +76,7 @@ fn disk_with_task0() -> DiskReport {
 fn a_running_processor_reports_offsets_lag_and_the_wal_the_agent_found_on_disk() {
     let s = pod_status("pod-0", &file(running()), &disk_with_task0(), &up(), NOW);
     assert_eq!(s.name, "pod-0");
-    assert_eq!(s.phase.as_deref(), Some("Running"));
+    assert_eq!(s.phase, Some(PodPhase::Running));
     assert!(s.processor_up && s.ready);
     assert_eq!(s.last_shutdown_clean, Some(true));
     assert_eq!(s.free_disk_bytes, Some(800));
@@ -85,14 +86,14 @@ fn a_running_processor_reports_offsets_lag_and_the_wal_the_agent_found_on_disk()
         s.tasks,
         vec![TaskStateStatus {
             partition: 0,
-            state: Some("Active".into()),
+            state: Some(status_values::TaskState::Active),
             backoff: None,
             backoff_since: None,
             committed_offset: Some(120),
             changelog_end: Some(100),
             restore_lag: Some(5),
             restore: None,
-            opened: Some("Clean".into()),
+            opened: Some(status_values::StoreOpen::Clean),
             checkpoint_age_seconds: Some(3),
             wal_files: 2,
             wal_bytes: 4096,
@@ -122,7 +123,7 @@ fn a_store_backing_off_on_a_full_disk_is_reported_with_its_reason_and_start() {
     };
     let s = pod_status("pod-0", &file(h), &disk_with_task0(), &probes, NOW);
     let t = &s.tasks[0];
-    assert_eq!(t.state.as_deref(), Some("BackingOff"));
+    assert_eq!(t.state, Some(status_values::TaskState::BackingOff));
     assert_eq!(
         t.backoff.as_deref(),
         Some("DiskFull: IO error: No space left on device")
@@ -171,7 +172,7 @@ fn dead_letters_and_the_input_partitions_are_reported() {
 #[test]
 fn a_killed_processor_is_down_with_an_unclean_shutdown_and_its_last_known_offsets() {
     let s = pod_status("pod-0", &file(running()), &disk_with_task0(), &gone(), NOW);
-    assert_eq!(s.phase.as_deref(), Some(PHASE_DOWN));
+    assert_eq!(s.phase, Some(PodPhase::Down));
     assert!(!s.processor_up && !s.ready);
     assert_eq!(s.last_shutdown_clean, Some(false));
     assert_eq!(
@@ -194,7 +195,7 @@ fn a_processor_whose_process_lives_but_does_not_answer_is_not_down() {
         pid_alive: true,
     };
     let s = pod_status("pod-0", &file(running()), &disk_with_task0(), &probes, NOW);
-    assert_eq!(s.phase.as_deref(), Some("Running"));
+    assert_eq!(s.phase, Some(PodPhase::Running));
     assert!(!s.processor_up);
     assert!(s.message.unwrap().contains("/healthz"));
 }
@@ -204,15 +205,20 @@ fn a_drained_processor_that_exited_reports_a_clean_shutdown_and_the_drain_durati
     let mut h = running();
     h.phase = ProcessorPhase::Drained;
     h.drain_duration_ms = Some(850);
+    h.drain_requested_by = Some(streamapp_api::health::DrainRequest::Http);
     let mut disk = disk_with_task0();
     disk.tasks.get_mut(&0).unwrap().checkpoint = Some(CheckpointFile {
         written_at_ms: NOW - 1_000,
         entries: Ok(vec![("app-dedup-changelog".into(), 0, 100)]),
     });
     let s = pod_status("pod-0", &file(h), &disk, &gone(), NOW);
-    assert_eq!(s.phase.as_deref(), Some("Drained"));
+    assert_eq!(s.phase, Some(PodPhase::Drained));
     assert_eq!(s.last_shutdown_clean, Some(true));
     assert_eq!(s.drain_duration_ms, Some(850));
+    assert_eq!(
+        s.drain_requested_by,
+        Some(status_values::DrainRequest::Http)
+    );
     assert_eq!(
         s.tasks[0].checkpoint_age_seconds,
         Some(1),
@@ -226,7 +232,7 @@ fn a_failed_processor_keeps_its_phase_and_says_why() {
     h.phase = ProcessorPhase::Failed;
     h.error = Some("changelog topic app-dedup-changelog has 3 partitions, input has 6".into());
     let s = pod_status("pod-0", &file(h), &disk_with_task0(), &gone(), NOW);
-    assert_eq!(s.phase.as_deref(), Some("Failed"));
+    assert_eq!(s.phase, Some(PodPhase::Failed));
     assert_eq!(s.last_shutdown_clean, Some(false));
     assert!(s.message.unwrap().contains("input has 6"));
 }
@@ -246,7 +252,7 @@ fn a_restart_after_a_crash_shows_the_unclean_shutdown_from_the_file() {
         },
         NOW,
     );
-    assert_eq!(s.phase.as_deref(), Some("Starting"));
+    assert_eq!(s.phase, Some(PodPhase::Starting));
     assert_eq!(s.last_shutdown_clean, Some(false));
 }
 
@@ -314,7 +320,7 @@ fn quarantines_on_disk_and_in_the_file_are_counted_once_and_the_newest_is_report
     let s = pod_status("pod-0", &file(h), &disk, &up(), NOW);
     assert_eq!(s.quarantines, 3);
     let t = &s.tasks[0];
-    assert_eq!(t.opened.as_deref(), Some("Rebuilt"));
+    assert_eq!(t.opened, Some(status_values::StoreOpen::Rebuilt));
     assert_eq!(t.quarantines, 2);
     assert_eq!(
         t.last_quarantine_reason.as_deref(),
@@ -341,7 +347,7 @@ fn without_a_health_file_the_task_directories_on_disk_are_reported() {
         &gone(),
         NOW,
     );
-    assert_eq!(s.phase.as_deref(), Some(PHASE_DOWN));
+    assert_eq!(s.phase, Some(PodPhase::Down));
     assert_eq!(s.last_shutdown_clean, None);
     assert_eq!(s.tasks.len(), 1);
     assert_eq!(s.tasks[0].wal_files, 2);
@@ -357,7 +363,7 @@ fn a_new_volume_before_the_processor_first_started_is_starting_not_down() {
         &gone(),
         NOW,
     );
-    assert_eq!(s.phase.as_deref(), Some("Starting"));
+    assert_eq!(s.phase, Some(PodPhase::Starting));
     assert_eq!(s.last_shutdown_clean, None);
     assert!(s.message.unwrap().contains("no processor has run"));
 }
@@ -371,7 +377,7 @@ fn a_garbled_health_file_is_a_message_not_a_crash() {
         &up(),
         NOW,
     );
-    assert_eq!(s.phase.as_deref(), Some("Starting"));
+    assert_eq!(s.phase, Some(PodPhase::Starting));
     assert!(s.message.unwrap().contains("unreadable"));
 }
 

@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use streamapp_api::annotations::RESET;
 use streamapp_api::crd::{PodStateStatus, StreamApp};
+use streamapp_api::status_values::ResetPhase;
 
 use super::{REQUEUE, REQUEUE_WHILE_KAFKA_TROUBLE};
 use crate::status::{KafkaFinding, report_is_stale};
@@ -62,7 +63,7 @@ pub fn resetting(app: &StreamApp) -> bool {
         .and_then(|s| s.reset.as_ref())
         .is_none_or(|last| {
             last.request != *requested
-                || !matches!(last.phase.as_str(), reset::DONE | reset::FAILED)
+                || !matches!(last.phase, ResetPhase::Done | ResetPhase::Failed)
         })
 }
 
@@ -129,6 +130,7 @@ pub fn plan(app: &StreamApp, observed: &Observed, now: Timestamp) -> Plan {
 mod tests {
     use super::*;
     use streamapp_api::crd::{ResetStatus, StreamAppStatus, TaskStateStatus};
+    use streamapp_api::status_values::TaskState;
 
     fn now() -> Timestamp {
         "2026-12-01T10:00:00Z".parse().unwrap()
@@ -222,8 +224,10 @@ mod tests {
         app.status = Some(StreamAppStatus {
             reset: Some(ResetStatus {
                 request: "earliest".into(),
-                phase: reset::DONE.into(),
-                ..Default::default()
+                phase: ResetPhase::Done,
+                message: None,
+                started_at: None,
+                finished_at: None,
             }),
             ..Default::default()
         });
@@ -236,7 +240,7 @@ mod tests {
     }
 
     /// A report whose pod holds `partitions` as the active task.
-    fn report(pod: &str, partitions: &[i32], state: &str) -> PodStateStatus {
+    fn report(pod: &str, partitions: &[i32], state: TaskState) -> PodStateStatus {
         PodStateStatus {
             name: pod.into(),
             uid: Some(format!("uid-{pod}")),
@@ -246,7 +250,7 @@ mod tests {
                 .iter()
                 .map(|&partition| TaskStateStatus {
                     partition,
-                    state: Some(state.into()),
+                    state: Some(state.clone()),
                     ..Default::default()
                 })
                 .collect(),
@@ -258,10 +262,10 @@ mod tests {
     fn a_scale_in_waits_for_a_restoring_pod_but_not_for_a_replaced_pods_stale_report() {
         let mut app = app(1);
         // The report of a pod replaced since (another UID) says orders-0 restores.
-        let mut stale = report("orders-0", &[0], "Restoring");
+        let mut stale = report("orders-0", &[0], TaskState::Restoring);
         stale.uid = Some("uid-of-a-pod-replaced-since".into());
         app.status = Some(StreamAppStatus {
-            pods: vec![stale, report("orders-1", &[0, 1], "Active")],
+            pods: vec![stale, report("orders-1", &[0, 1], TaskState::Active)],
             ..Default::default()
         });
         let pods = uids(&["orders-0", "orders-1"]);
@@ -271,7 +275,7 @@ mod tests {
         assert_eq!((step.replicas, step.scale_in_waiting), (1, None));
 
         // The current orders-0 says the same: the scale-in waits for it.
-        app.status.as_mut().unwrap().pods[0] = report("orders-0", &[0], "Restoring");
+        app.status.as_mut().unwrap().pods[0] = report("orders-0", &[0], TaskState::Restoring);
         let waiting = plan(&app, &observed, now());
         assert_eq!(waiting.replicas, 2);
         assert!(

@@ -52,10 +52,10 @@ fn with_status(mut app: StreamApp, status: StreamAppStatus) -> StreamApp {
     app
 }
 
-fn report(name: &str, phase: &str, tasks: Vec<TaskStateStatus>) -> PodStateStatus {
+fn report(name: &str, phase: PodPhase, tasks: Vec<TaskStateStatus>) -> PodStateStatus {
     PodStateStatus {
         name: name.into(),
-        phase: Some(phase.into()),
+        phase: Some(phase),
         processor_up: true,
         ready: true,
         tasks,
@@ -66,7 +66,7 @@ fn report(name: &str, phase: &str, tasks: Vec<TaskStateStatus>) -> PodStateStatu
 #[test]
 fn all_pods_ready_after_the_rollout_is_running_and_ready() {
     let status = status_of(&app(), Some(&steady(3)), &Findings::default(), now());
-    assert_eq!(status.phase.as_deref(), Some("Running"));
+    assert_eq!(status.phase, Some(AppPhase::Running));
     assert_eq!(status.ready.as_deref(), Some("3/3"));
     assert_eq!((status.replicas, status.ready_replicas), (Some(3), Some(3)));
     assert_eq!(status.observed_generation, Some(4));
@@ -93,7 +93,7 @@ fn scaled_to_zero_is_stopped() {
         &Findings::default(),
         now(),
     );
-    assert_eq!(status.phase.as_deref(), Some("Stopped"));
+    assert_eq!(status.phase, Some(AppPhase::Stopped));
     assert_eq!(status.ready.as_deref(), Some("0/0"));
     assert_eq!(cond(&status, "Ready").reason, "ScaledToZero");
     assert_eq!(cond(&status, "Progressing").status, "False");
@@ -102,7 +102,7 @@ fn scaled_to_zero_is_stopped() {
 #[test]
 fn pods_not_yet_ready_the_first_time_are_progressing_not_degraded() {
     let status = status_of(&app(), Some(&steady(1)), &Findings::default(), now());
-    assert_eq!(status.phase.as_deref(), Some("Progressing"));
+    assert_eq!(status.phase, Some(AppPhase::Progressing));
     assert_eq!(cond(&status, "Ready").status, "False");
     assert_eq!(cond(&status, "Progressing").reason, "PodsStarting");
     assert_eq!(cond(&status, "Degraded").status, "False");
@@ -113,7 +113,7 @@ fn pods_still_not_ready_after_the_progress_deadline_are_degraded() {
     let first = status_of(&app(), Some(&steady(1)), &Findings::default(), now());
     let app = with_status(app(), first);
     let status = status_of(&app, Some(&steady(1)), &Findings::default(), later(31 * 60));
-    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+    assert_eq!(status.phase, Some(AppPhase::Degraded));
     assert_eq!(
         cond(&status, "Progressing").reason,
         "ProgressDeadlineExceeded"
@@ -133,7 +133,7 @@ fn a_new_pod_template_rolling_out_is_progressing() {
         &Findings::default(),
         later(5),
     );
-    assert_eq!(status.phase.as_deref(), Some("Progressing"));
+    assert_eq!(status.phase, Some(AppPhase::Progressing));
     let progressing = cond(&status, "Progressing");
     assert_eq!(
         (progressing.status.as_str(), progressing.reason.as_str()),
@@ -154,7 +154,7 @@ fn ready_pods_that_stop_being_ready_make_a_running_app_degraded() {
         status_of(&app(), Some(&steady(3)), &Findings::default(), now()),
     );
     let status = status_of(&running, Some(&steady(2)), &Findings::default(), later(5));
-    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+    assert_eq!(status.phase, Some(AppPhase::Degraded));
     let degraded = cond(&status, "Degraded");
     assert_eq!(
         (degraded.reason.as_str(), degraded.message.as_str()),
@@ -168,7 +168,7 @@ fn ready_pods_that_stop_being_ready_make_a_running_app_degraded() {
         &Findings::default(),
         later(10),
     );
-    assert_eq!(recovered.phase.as_deref(), Some("Running"));
+    assert_eq!(recovered.phase, Some(AppPhase::Running));
     assert_eq!(cond(&recovered, "Degraded").status, "False");
 }
 
@@ -182,7 +182,7 @@ fn a_blocked_rollout_is_degraded_with_the_blockers_reason() {
         ..Default::default()
     };
     let status = status_of(&app(), Some(&steady(3)), &findings, now());
-    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+    assert_eq!(status.phase, Some(AppPhase::Degraded));
     let degraded = cond(&status, "Degraded");
     assert_eq!(
         (degraded.status.as_str(), degraded.reason.as_str()),
@@ -214,8 +214,8 @@ fn growing_volumes_are_progressing_and_a_fixed_size_class_is_degraded() {
         ("StorageResizing", "expanding volume claims state-orders-0")
     );
     assert_eq!(
-        status.phase.as_deref(),
-        Some("Running"),
+        status.phase,
+        Some(AppPhase::Running),
         "pods are fine while volumes grow"
     );
 
@@ -225,7 +225,7 @@ fn growing_volumes_are_progressing_and_a_fixed_size_class_is_degraded() {
     };
     let status = status_of(&app(), Some(&steady(3)), &fixed, now());
     assert_eq!(cond(&status, "Degraded").reason, "StorageNotExpandable");
-    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+    assert_eq!(status.phase, Some(AppPhase::Degraded));
 }
 
 #[test]
@@ -236,7 +236,7 @@ fn state_health_is_unknown_until_an_agent_reports() {
         (state.status.as_str(), state.reason.as_str()),
         ("Unknown", "NoReports")
     );
-    assert_eq!(status.state_health.as_deref(), Some("Unknown"));
+    assert_eq!(status.state_health, Some(StateHealth::Unknown));
     assert_eq!(status.worst_restore_lag, None);
 }
 
@@ -246,7 +246,7 @@ fn healthy_reports_give_the_worst_lag_and_the_oldest_checkpoint() {
         partition,
         restore_lag: Some(lag),
         checkpoint_age_seconds: Some(age),
-        opened: Some("Clean".into()),
+        opened: Some(StoreOpen::Clean),
         ..Default::default()
     };
     let app = with_status(
@@ -257,13 +257,13 @@ fn healthy_reports_give_the_worst_lag_and_the_oldest_checkpoint() {
                     reported_at: Some("2026-01-01T11:59:50Z".into()),
                     ..report(
                         "orders-0",
-                        "Running",
+                        PodPhase::Running,
                         vec![task(0, 12, 3), task(1, 40, 130)],
                     )
                 },
                 PodStateStatus {
                     reported_at: Some("2026-01-01T11:59:59Z".into()),
-                    ..report("orders-1", "Running", vec![task(2, 7, 1)])
+                    ..report("orders-1", PodPhase::Running, vec![task(2, 7, 1)])
                 },
             ],
             ..Default::default()
@@ -276,7 +276,7 @@ fn healthy_reports_give_the_worst_lag_and_the_oldest_checkpoint() {
         status.oldest_checkpoint,
         Some(Time("2026-01-01T11:57:40Z".parse().unwrap()))
     );
-    assert_eq!(status.state_health.as_deref(), Some("Healthy"));
+    assert_eq!(status.state_health, Some(StateHealth::Healthy));
     let state = cond(&status, "StateHealthy");
     assert_eq!(
         (state.status.as_str(), state.reason.as_str()),
@@ -286,12 +286,12 @@ fn healthy_reports_give_the_worst_lag_and_the_oldest_checkpoint() {
 
 #[test]
 fn a_failed_processor_makes_state_unhealthy_and_the_app_degraded() {
-    let mut failed = report("orders-2", "Failed", vec![]);
+    let mut failed = report("orders-2", PodPhase::Failed, vec![]);
     failed.message = Some("store open failed".into());
     let app = with_status(
         app(),
         StreamAppStatus {
-            pods: vec![report("orders-0", "Running", vec![]), failed],
+            pods: vec![report("orders-0", PodPhase::Running, vec![]), failed],
             ..Default::default()
         },
     );
@@ -306,9 +306,9 @@ fn a_failed_processor_makes_state_unhealthy_and_the_app_degraded() {
         "{}",
         state.message
     );
-    assert_eq!(status.state_health.as_deref(), Some("Degraded"));
+    assert_eq!(status.state_health, Some(StateHealth::Degraded));
     assert_eq!(cond(&status, "Degraded").reason, "ProcessorFailed");
-    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+    assert_eq!(status.phase, Some(AppPhase::Degraded));
 }
 
 #[test]
@@ -316,7 +316,7 @@ fn a_down_processor_is_reported_as_down() {
     let app = with_status(
         app(),
         StreamAppStatus {
-            pods: vec![report("orders-1", "Down", vec![])],
+            pods: vec![report("orders-1", PodPhase::Down, vec![])],
             ..Default::default()
         },
     );
@@ -328,7 +328,7 @@ fn a_down_processor_is_reported_as_down() {
 fn a_store_rebuilt_after_quarantine_names_the_pod_partition_and_reason() {
     let rebuilding = TaskStateStatus {
         partition: 4,
-        opened: Some("Rebuilt".into()),
+        opened: Some(StoreOpen::Rebuilt),
         restore: Some(RestoreStatus {
             restored: 100,
             total: 5000,
@@ -341,7 +341,7 @@ fn a_store_rebuilt_after_quarantine_names_the_pod_partition_and_reason() {
     let app = with_status(
         app(),
         StreamAppStatus {
-            pods: vec![report("orders-1", "Restoring", vec![rebuilding])],
+            pods: vec![report("orders-1", PodPhase::Restoring, vec![rebuilding])],
             ..Default::default()
         },
     );
@@ -367,14 +367,14 @@ fn a_store_rebuilt_after_quarantine_names_the_pod_partition_and_reason() {
 fn a_finished_rebuild_is_healthy_again() {
     let rebuilt = TaskStateStatus {
         partition: 4,
-        opened: Some("Rebuilt".into()),
+        opened: Some(StoreOpen::Rebuilt),
         restore: None,
         ..Default::default()
     };
     let app = with_status(
         app(),
         StreamAppStatus {
-            pods: vec![report("orders-1", "Running", vec![rebuilt])],
+            pods: vec![report("orders-1", PodPhase::Running, vec![rebuilt])],
             ..Default::default()
         },
     );
@@ -392,7 +392,7 @@ fn a_store_backing_off_makes_state_unhealthy_and_an_idle_replica_is_said_in_word
     let app = with_status(
         app(),
         StreamAppStatus {
-            pods: vec![report("orders-1", "Running", vec![backing_off])],
+            pods: vec![report("orders-1", PodPhase::Running, vec![backing_off])],
             ..Default::default()
         },
     );
@@ -404,7 +404,7 @@ fn a_store_backing_off_makes_state_unhealthy_and_an_idle_replica_is_said_in_word
     );
     assert!(c.message.contains("partition 2"), "{}", c.message);
 
-    let mut idle = report("orders-2", "Running", vec![]);
+    let mut idle = report("orders-2", PodPhase::Running, vec![]);
     idle.input_partitions = Some(2);
     let app = with_status(
         app_with_replicas(3),
@@ -436,9 +436,9 @@ fn reports_of_scaled_away_pods_no_longer_count() {
         app(),
         StreamAppStatus {
             pods: vec![
-                report("orders-0", "Running", vec![]),
-                report("orders-5", "Failed", vec![]),
-                report("other-0", "Failed", vec![]),
+                report("orders-0", PodPhase::Running, vec![]),
+                report("orders-5", PodPhase::Failed, vec![]),
+                report("other-0", PodPhase::Failed, vec![]),
             ],
             ..Default::default()
         },
@@ -471,7 +471,7 @@ fn transition_time_is_kept_while_a_condition_keeps_its_status() {
 fn agents_entries_alone_never_cause_a_status_write() {
     let computed = status_of(&app(), Some(&steady(3)), &Findings::default(), now());
     let mut current = computed.clone();
-    current.pods = vec![report("orders-0", "Running", vec![])];
+    current.pods = vec![report("orders-0", PodPhase::Running, vec![])];
     assert!(!needs_update(&with_status(app(), current), &computed));
 }
 
@@ -499,7 +499,7 @@ fn pods_that_cannot_start_say_why_in_every_condition_instead_of_progressing_fore
     assert_eq!(cond(&status, "Ready").status, "False");
     assert_eq!(cond(&status, "Progressing").status, "False");
     assert_eq!(cond(&status, "Degraded").status, "True");
-    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+    assert_eq!(status.phase, Some(AppPhase::Degraded));
 }
 
 #[test]
@@ -540,7 +540,7 @@ fn reports_of_pods_scaled_away_are_stale_once_the_pods_are_gone() {
         StreamAppStatus {
             pods: ["orders-0", "orders-1", "orders-2", "orders-3", "other-0"]
                 .into_iter()
-                .map(|n| report(n, "Running", vec![]))
+                .map(|n| report(n, PodPhase::Running, vec![]))
                 .collect(),
             ..Default::default()
         },
@@ -569,7 +569,7 @@ fn a_report_written_by_an_older_pod_of_the_same_name_is_stale_never_counted_and_
     let written_by = |name: &str, uid: Option<&str>, ready: bool| PodStateStatus {
         uid: uid.map(String::from),
         ready,
-        ..report(name, "Running", vec![])
+        ..report(name, PodPhase::Running, vec![])
     };
     let app = with_status(
         app,
@@ -615,7 +615,7 @@ fn a_scale_in_waiting_for_the_remaining_pods_is_progressing_with_what_it_waits_f
         ..Default::default()
     };
     let status = status_of(&app(), Some(&steady(3)), &findings, now());
-    assert_eq!(status.phase.as_deref(), Some("Progressing"));
+    assert_eq!(status.phase, Some(AppPhase::Progressing));
     let progressing = cond(&status, "Progressing");
     assert_eq!(
         (progressing.status.as_str(), progressing.reason.as_str()),
@@ -640,7 +640,7 @@ fn every_id_is_deduplicated_when_repartitioning_and_a_miskeyed_input_under_never
             json_pointer: None,
         };
         app.spec.topology.repartition = repartition;
-        let mut pod = report("orders-1", "Running", vec![]);
+        let mut pod = report("orders-1", PodPhase::Running, vec![]);
         pod.miskeyed_records = miskeyed;
         let app = with_status(
             app,
@@ -685,28 +685,28 @@ fn every_id_is_deduplicated_when_repartitioning_and_a_miskeyed_input_under_never
 
 #[test]
 fn standby_coverage_counts_partitions_with_a_caught_up_standby_copy() {
-    let task = |partition, state: &str, lag| TaskStateStatus {
+    let task = |partition, state: TaskState, lag| TaskStateStatus {
         partition,
-        state: Some(state.into()),
+        state: Some(state),
         restore_lag: Some(lag),
         ..Default::default()
     };
     let a = report(
         "orders-0",
-        "Running",
+        PodPhase::Running,
         vec![
-            task(0, "Active", 0),
-            task(1, "Standby", 5),
-            task(2, "Standby", 50_000),
+            task(0, TaskState::Active, 0),
+            task(1, TaskState::Standby, 5),
+            task(2, TaskState::Standby, 50_000),
         ],
     );
     let b = report(
         "orders-1",
-        "Running",
+        PodPhase::Running,
         vec![
-            task(1, "Active", 0),
-            task(2, "Active", 0),
-            task(0, "WarmingUp", 0),
+            task(1, TaskState::Active, 0),
+            task(2, TaskState::Active, 0),
+            task(0, TaskState::WarmingUp, 0),
         ],
     );
     // Partition 1 is covered; 2's copy is far behind; 0 has only a warm-up (a move, not a
