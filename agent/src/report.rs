@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::jiff::Timestamp;
 use streamapp_api::crd::{PodStateStatus, RestoreStatus, TaskStateStatus};
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase, StoreOpen, TaskHealth};
+use streamapp_api::state_volume::QuarantinedStore;
 
-use crate::disk::{DiskReport, QuarantinedStore, TaskDisk};
+use crate::disk::{DiskReport, TaskDisk};
 use crate::observe::{HealthFile, Probes};
 
 /// Phase reported when no processor runs and the last one did not stop cleanly (or none ever

@@ -8,6 +8,8 @@
 //! - [`health`]: the health file the processor keeps in its state directory, which the agent
 //!   reads.
 //! - [`probe`]: the processor's local HTTP endpoints and a tiny client for them.
+//! - [`state_volume`]: what the processor keeps on its state volume (stores, checkpoints, WAL
+//!   files, quarantined stores) and where, which `inspect` and the agent read.
 //! - [`units`]: the duration and quantity notations these use.
 
 pub mod annotations;
@@ -15,4 +17,5 @@ pub mod config;
 pub mod crd;
 pub mod health;
 pub mod probe;
+pub mod state_volume;
 pub mod units;
