@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use streamapp_api::health::ProcessorHealth;
 use streamapp_api::probe;
+use streamapp_api::state_volume::StateDir;
 
-use crate::disk::{self, DiskReport, StateLayout};
+use crate::disk::{self, DiskReport};
 
 /// How long a probe of the processor may take: it is on loopback, so a slow answer is as
 /// telling as none.
@@ -65,17 +66,17 @@ pub struct Observation {
     pub probes: Probes,
 }
 
-/// Looks at the processor on `port` and the state volume of `layout`.
+/// Looks at the processor on `port` and at its state volume.
 #[derive(Clone, Debug)]
 pub struct Observer {
-    pub layout: StateLayout,
+    pub state: StateDir,
     pub processor: SocketAddr,
 }
 
 impl Observer {
-    pub fn new(layout: StateLayout, processor_port: u16) -> Self {
+    pub fn new(state: StateDir, processor_port: u16) -> Self {
         Observer {
-            layout,
+            state,
             processor: SocketAddr::from(([127, 0, 0, 1], processor_port)),
         }
     }
@@ -91,7 +92,7 @@ impl Observer {
             .ok()
             .filter(|r| r.status == 200)
             .and_then(|r| serde_json::from_str(&r.body).ok());
-        let health = freshest(live, HealthFile::read(&self.layout.health_file()));
+        let health = freshest(live, HealthFile::read(&self.state.health_file()));
         let probes = Probes {
             healthz,
             // Not ready when not alive: saves a second timeout when the processor is gone.
@@ -100,7 +101,7 @@ impl Observer {
         };
         Observation {
             health,
-            disk: disk::inspect(&self.layout),
+            disk: disk::inspect(&self.state),
             probes,
         }
     }
@@ -185,7 +186,7 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let obs = Observer::new(StateLayout::new(dir.path(), None), port).observe();
+        let obs = Observer::new(StateDir::new(dir.path(), None), port).observe();
         assert_eq!(obs.probes, Probes::default());
         assert_eq!(obs.health, HealthFile::Missing);
     }

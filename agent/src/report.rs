@@ -8,7 +8,9 @@ use streamapp_api::crd::{PodStateStatus, RestoreStatus, TaskStateStatus};
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase, TaskHealth};
 use streamapp_api::status_values::PodPhase;
 
-use crate::disk::{DiskReport, QuarantinedStore, TaskDisk};
+use streamapp_api::state_volume::QuarantinedStore;
+
+use crate::disk::{DiskReport, TaskDisk};
 use crate::observe::{HealthFile, Probes};
 
 /// Below this share of free space on the state volume the entry says so: RocksDB compactions

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use kube::{Api, Client};
 use streamapp_api::crd::{PodStateStatus, StreamApp};
 use streamapp_api::health::ProcessorPhase;
+use streamapp_api::state_volume::StateDir;
 use streamapp_api::status_values::PodPhase;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{debug, info, warn};
 
 use crate::cadence::{Cadence, MIN_GAP};
 use crate::cli::RunArgs;
-use crate::disk::StateLayout;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::observe::{Observation, Observer};
@@ -62,7 +62,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     let mut agent = Agent {
         observer: Observer::new(
-            StateLayout::new(&args.state_dir, args.wal_dir.clone()),
+            StateDir::new(&args.state_dir, args.wal_dir.clone()),
             args.processor_port,
         ),
         writer: StatusWriter::new(client.clone(), &args.namespace, &args.app, &args.pod_name)

@@ -18,9 +18,9 @@ use kube::api::PostParams;
 use kube::{Api, Client, Resource, ResourceExt};
 use streamapp_api::crd::StreamApp;
 use streamapp_api::health::TaskHealth;
+use streamapp_api::state_volume::QuarantinedStore;
 use tracing::{info, warn};
 
-use crate::disk::QuarantinedStore;
 use crate::error::{Error, Result};
 
 /// `reportingController` of the agent's Events.

@@ -8,10 +8,10 @@ use std::time::Duration;
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
-use streamapp_agent::disk::QuarantinedStore;
 use streamapp_agent::status_writer::{StatusWriter, field_manager};
 use streamapp_agent::store_events::{QUARANTINE_REASON as REASON, StoreEvents};
 use streamapp_api::crd::{PodStateStatus, StreamApp, TaskStateStatus};
+use streamapp_api::state_volume::QuarantinedStore;
 use streamapp_api::status_values::PodPhase;
 use testbed::kube::TestNamespace;
 

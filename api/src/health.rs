@@ -1,17 +1,15 @@
-//! The processor's health file: `<state-dir>/health.json`, replaced atomically (written to a
-//! temporary file, fsynced, renamed) whenever something worth reporting changes.
+//! The processor's health file: `<state-dir>/health.json` (see [`crate::state_volume`]),
+//! replaced atomically ([`write_atomically`](crate::state_volume::write_atomically)) whenever
+//! something worth reporting changes.
 //!
 //! The processor writes it; the agent reads it (also after the processor died, which is why
 //! it lives on the state volume and not only behind HTTP). Times are Unix milliseconds.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// File name of the health file inside the state directory.
-pub const HEALTH_FILE: &str = "health.json";
 /// Schema version written in [`ProcessorHealth::version`].
 pub const HEALTH_VERSION: u32 = 1;
 
@@ -302,39 +300,6 @@ impl ProcessorHealth {
             ..Default::default()
         }
     }
-}
-
-/// A damaged store the processor moved aside: `<state-dir>/quarantine/<partition>-<unix ms>/`,
-/// with a `REASON` file saying why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct QuarantinedStore {
-    pub path: PathBuf,
-    pub partition: i32,
-    pub at_ms: i64,
-    pub reason: String,
-}
-
-/// The quarantined stores in `dir` (the state dir's `quarantine/`), oldest first. Both the
-/// processor (to prune and for `inspect`) and the agent (to report) read them this way.
-pub fn list_quarantines(dir: &Path) -> Vec<QuarantinedStore> {
-    let mut out: Vec<QuarantinedStore> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let (partition, at_ms) = name.split_once('-')?;
-            let reason = std::fs::read_to_string(e.path().join("REASON")).unwrap_or_default();
-            Some(QuarantinedStore {
-                path: e.path(),
-                partition: partition.parse().ok()?,
-                at_ms: at_ms.parse().ok()?,
-                reason: reason.trim().to_string(),
-            })
-        })
-        .collect();
-    out.sort_by_key(|q| q.at_ms);
-    out
 }
 
 fn is_zero(n: &u64) -> bool {

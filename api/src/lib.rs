@@ -10,6 +10,8 @@
 //! - [`probe`]: the processor's local HTTP endpoints and a tiny client for them.
 //! - [`status_values`]: the values of the status fields that are enumerations (phases, task
 //!   states), spelled once for the operator, the agents and the plugin.
+//! - [`state_volume`]: what the processor keeps on its state volume (stores, checkpoints, WAL
+//!   files, quarantined stores) and where, which `inspect` and the agent read.
 //! - [`units`]: the duration and quantity notations these use.
 
 pub mod annotations;
@@ -17,5 +19,6 @@ pub mod config;
 pub mod crd;
 pub mod health;
 pub mod probe;
+pub mod state_volume;
 pub mod status_values;
 pub mod units;

@@ -25,15 +25,6 @@ use streamapp_kafka_wire::{
 /// Timeout of each broker request.
 const REQUEST: Duration = Duration::from_secs(3);
 
-/// The internal topics a StreamApp's processors create: the changelog of the stores, and the
-/// repartition topic of the dedup stage when it repartitions.
-pub fn internal_topics(application_id: &str) -> [String; 2] {
-    [
-        format!("{application_id}-dedup-changelog"),
-        format!("{application_id}-dedup-repartition"),
-    ]
-}
-
 /// Where an offset reset moves the input offsets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResetTarget {

@@ -96,7 +96,7 @@ impl Inner {
                     slot = self.changed.wait(slot).unwrap();
                 }
             };
-            match crate::checkpoint::write_atomically(&self.path, &report) {
+            match streamapp_api::state_volume::write_atomically(&self.path, &report) {
                 Err(e) if !self.failing.swap(true, Ordering::Relaxed) => {
                     tracing::warn!(error = %e, "could not write the health file (GET /health still answers)");
                 }

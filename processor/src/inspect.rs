@@ -4,9 +4,10 @@ use std::path::Path;
 
 use serde::Serialize;
 use streamapp_api::health::{ProcessorHealth, WalFiles};
+use streamapp_api::state_volume::checkpoint::{self, CheckpointEntry};
+use streamapp_api::state_volume::{StateDir, wal_files};
 
-use crate::checkpoint::{self, CheckpointEntry};
-use crate::state_dir::{StateDir, wal_files};
+use crate::shared::now_ms;
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -48,6 +49,7 @@ pub struct QuarantineReport {
 
 pub fn inspect(root: &Path, wal_root: Option<&Path>) -> Report {
     let state = StateDir::new(root, wal_root.map(Path::to_path_buf));
+    let now = now_ms();
     let health = std::fs::read(state.health_file())
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
@@ -69,7 +71,7 @@ pub fn inspect(root: &Path, wal_root: Option<&Path>) -> Report {
                         )
                         .collect()
                 });
-            let wal = wal_files(&state.wal_files_dir(p));
+            let wal = wal_files(&state.wal_files_dir(p)).at(now);
             match crate::store::open_read_only(&state.store_dir(p), state.wal_dir(p).as_deref()) {
                 Ok(s) => TaskReport {
                     partition: p,
@@ -100,7 +102,8 @@ pub fn inspect(root: &Path, wal_root: Option<&Path>) -> Report {
             }
         })
         .collect();
-    let quarantines = streamapp_api::health::list_quarantines(&state.quarantine_dir())
+    let quarantines = state
+        .quarantines()
         .into_iter()
         .map(|q| QuarantineReport {
             path: q.path.display().to_string(),

@@ -3,7 +3,6 @@
 
 pub mod assignment;
 pub mod changelog;
-pub mod checkpoint;
 pub mod engine;
 pub mod faults;
 pub mod group;
@@ -20,7 +19,6 @@ pub mod record_attempts;
 pub mod repartition;
 pub mod restore;
 pub mod shared;
-pub mod state_dir;
 pub mod state_updater;
 pub mod store;
 pub mod topics;

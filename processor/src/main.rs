@@ -14,15 +14,14 @@ use clap::{Parser, Subcommand};
 use rdkafka::config::ClientConfig;
 use streamapp_api::config::{DedupIdSource, ProcessorConfig, Repartition};
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase};
+use streamapp_api::state_volume::{StateDir, checkpoint};
 use streamapp_api::units::parse_duration;
 use streamapp_processor::engine::{EngineConfig, EngineError, GroupSetup};
 use streamapp_processor::shared::{Shared, now_ms};
-use streamapp_processor::state_dir::StateDir;
 use streamapp_processor::store::SharedMemory;
 use streamapp_processor::topics::{self, WrittenTopic};
 use streamapp_processor::{
-    changelog, checkpoint, faults::Faults, http, inspect, metrics::Metrics, quarantine,
-    repartition, workers,
+    changelog, faults::Faults, http, inspect, metrics::Metrics, quarantine, repartition, workers,
 };
 use tracing::{error, info, warn};
 

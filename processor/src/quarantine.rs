@@ -1,8 +1,8 @@
 //! Moving damaged stores aside instead of crash-looping on them.
 //!
 //! A damaged store (see [`crate::store::Fault`]) is renamed into
-//! `<state-dir>/quarantine/<partition>-<unix-ms>/` with a `REASON` file, and the task rebuilds
-//! its store from the changelog.
+//! `<state-dir>/quarantine/<partition>-<unix-ms>/` with a `REASON` file (the layout:
+//! [`streamapp_api::state_volume`]), and the task rebuilds its store from the changelog.
 //!
 //! Quarantined copies are pruned to the newest [`KEEP`], but only once a healthy store exists
 //! again, and never the newest copy of a partition that has no healthy store: until the
@@ -13,9 +13,10 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use streamapp_api::health::{Quarantine, QuarantinedStore};
-
-use crate::state_dir::StateDir;
+use streamapp_api::health::Quarantine;
+use streamapp_api::state_volume::{
+    QuarantinedStore, REASON_FILE, StateDir, remove_if_present, write_atomically,
+};
 
 /// Quarantined stores kept per state dir.
 pub const KEEP: usize = 3;
@@ -50,10 +51,10 @@ pub fn quarantine(
 
 /// The quarantine folder of the move, with the plan and the reason written.
 fn plan(state: &StateDir, partition: i32, reason: &str, now_ms: i64) -> std::io::Result<PathBuf> {
-    let target = state.quarantine_dir().join(format!("{partition}-{now_ms}"));
+    let target = state.quarantined_store_dir(partition, now_ms);
     std::fs::create_dir_all(&target)?;
-    crate::checkpoint::write_atomically(&target.join(MOVING), partition.to_string().as_bytes())?;
-    std::fs::write(target.join("REASON"), reason)?;
+    write_atomically(&target.join(MOVING), partition.to_string().as_bytes())?;
+    std::fs::write(target.join(REASON_FILE), reason)?;
     Ok(target)
 }
 
@@ -125,8 +126,8 @@ impl Step {
                 }
                 Ok(())
             }
-            Step::Checkpoint => crate::checkpoint::remove(&state.checkpoint_file(partition)),
-            Step::Done => crate::checkpoint::remove(&target.join(MOVING)),
+            Step::Checkpoint => remove_if_present(&state.checkpoint_file(partition)),
+            Step::Done => remove_if_present(&target.join(MOVING)),
         }
     }
 }
@@ -134,7 +135,7 @@ impl Step {
 /// Deletes old quarantined copies: see [`to_prune`]. `unhealthy` are the partitions without a
 /// healthy store in this process.
 pub fn prune(state: &StateDir, keep: usize, unhealthy: &BTreeSet<i32>) -> std::io::Result<()> {
-    let all = streamapp_api::health::list_quarantines(&state.quarantine_dir());
+    let all = state.quarantines();
     for path in to_prune(&all, keep, unhealthy) {
         std::fs::remove_dir_all(path)?;
     }
@@ -208,7 +209,7 @@ mod tests {
         store.apply(&staged).unwrap();
         let wal = state.wal_dir(0).unwrap();
         assert!(
-            crate::state_dir::wal_files(&wal).files > 0,
+            streamapp_api::state_volume::wal_files(&wal).files > 0,
             "the write is in a WAL file of {}",
             wal.display()
         );
@@ -309,13 +310,9 @@ mod tests {
             );
             assert!(Path::new(&q.path).join("store/CURRENT").exists());
         }
-        assert_eq!(
-            streamapp_api::health::list_quarantines(&state.quarantine_dir()).len(),
-            5,
-            "quarantining never deletes"
-        );
+        assert_eq!(state.quarantines().len(), 5, "quarantining never deletes");
         prune(&state, KEEP, &BTreeSet::new()).unwrap();
-        let kept = streamapp_api::health::list_quarantines(&state.quarantine_dir());
+        let kept = state.quarantines();
         assert_eq!(kept.len(), KEEP);
         assert_eq!(kept.last().unwrap().reason, "damage 4");
     }

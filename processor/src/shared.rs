@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use streamapp_api::health::{DrainRequest, ProcessorHealth, ProcessorPhase, TaskHealth};
+use streamapp_api::state_volume::StateDir;
 use tokio::sync::watch;
 
 use crate::health_file::HealthFileWriter;
-use crate::state_dir::StateDir;
 
 /// How often the health file is rewritten at most, unless the phase changes.
 const HEALTH_FILE_INTERVAL: Duration = Duration::from_secs(1);

@@ -34,12 +34,12 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use streamapp_api::config::ResolvedRocksDb;
 use streamapp_api::health::StoreOpen;
+use streamapp_api::state_volume::StateDir;
+use streamapp_api::state_volume::checkpoint::{self, CheckpointEntry};
 use tracing::info;
 
-use crate::checkpoint::{self, CheckpointEntry};
 use crate::faults::OpenFault;
 use crate::restore::{RestoreError, Restorer, Skipped, Step};
-use crate::state_dir::StateDir;
 use crate::store::{ChangelogIdentity, MemoryRole, SharedMemory, StoreError, TaskStore, Window};
 
 /// Changelog records restored per step, over all partitions, before requests are served again.

@@ -1,11 +1,12 @@
 //! Unit tests of the pod status entry.
 
 use super::*;
-use crate::disk::{CheckpointFile, WalOnDisk};
 use streamapp_api::health::{
     DeadLetterNote, Quarantine, RestoreProgress, StoreBackoff, StoreOpen, StoreUnavailable,
     TaskState, WalFiles,
 };
+use streamapp_api::state_volume::WalOnDisk;
+use streamapp_api::state_volume::checkpoint::{CheckpointEntry, CheckpointFile};
 use streamapp_api::status_values;
 
 const NOW: i64 = 1_750_000_000_000;
@@ -209,7 +210,11 @@ fn a_drained_processor_that_exited_reports_a_clean_shutdown_and_the_drain_durati
     let mut disk = disk_with_task0();
     disk.tasks.get_mut(&0).unwrap().checkpoint = Some(CheckpointFile {
         written_at_ms: NOW - 1_000,
-        entries: Ok(vec![("app-dedup-changelog".into(), 0, 100)]),
+        entries: Ok(vec![CheckpointEntry {
+            topic: "app-dedup-changelog".into(),
+            partition: 0,
+            offset: 100,
+        }]),
     });
     let s = pod_status("pod-0", &file(h), &disk, &gone(), NOW);
     assert_eq!(s.phase, Some(PodPhase::Drained));

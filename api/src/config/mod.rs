@@ -8,8 +8,10 @@
 //! - `topology.rs`: the pipeline: topics, dedup id, window, record limits;
 //! - `kafka.rs`: the Kafka client settings and the properties the processor keeps for itself;
 //! - `rocksdb.rs`: the stores' tuning and the container memory it implies;
+//! - `internal_topics.rs`: the names of the topics the processor creates for itself;
 //! - here: the processor's configuration file, its group settings and its validation.
 
+mod internal_topics;
 mod kafka;
 mod rocksdb;
 mod topology;
@@ -20,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::units::parse_duration;
 
+pub use internal_topics::{changelog_topic, internal_topics, repartition_topic};
 pub use kafka::{
     KafkaClient, MembershipConnection, RESERVED_KAFKA_PROPERTIES, SaslMechanism, group_member,
     membership_connection, pod_of_group_member,
@@ -290,8 +293,7 @@ impl ProcessorConfig {
     /// input. Both names are refused whether or not the topology repartitions now (a change
     /// of `topology.dedupId` starts it).
     fn check_internal_topics_unused(&self) -> Result<(), ConfigError> {
-        let changelog = self.changelog_topic();
-        let repartition = format!("{}-dedup-repartition", self.application_id);
+        let [changelog, repartition] = internal_topics(&self.application_id);
         let t = &self.topology;
         let topics = [
             ("topology.inputTopic", Some(&t.input_topic)),
@@ -333,17 +335,17 @@ impl ProcessorConfig {
         }
     }
 
-    /// The compacted topic the dedup store is backed by.
+    /// The compacted topic the dedup store is backed by ([`changelog_topic`]).
     pub fn changelog_topic(&self) -> String {
-        format!("{}-dedup-changelog", self.application_id)
+        changelog_topic(&self.application_id)
     }
 
     /// The internal topic the first stage writes records keyed by their dedup id to, when the
-    /// topology repartitions ([`Topology::repartitions`]).
+    /// topology repartitions ([`Topology::repartitions`], [`repartition_topic`]).
     pub fn repartition_topic(&self) -> Option<String> {
         self.topology
             .repartitions()
-            .then(|| format!("{}-dedup-repartition", self.application_id))
+            .then(|| repartition_topic(&self.application_id))
     }
 }
 

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use streamapp_api::config::pod_of_group_member;
+use streamapp_api::config::{changelog_topic, internal_topics, pod_of_group_member};
 use streamapp_api::crd::StreamApp;
 use tracing::{debug, info, warn};
 
@@ -119,14 +119,16 @@ fn topics(app: &StreamApp) -> Vec<String> {
         t.dead_letter_topic.clone(),
     ];
     topics.extend(t.duplicates_topic.clone());
-    topics.extend(kafka::internal_topics(&application_id(app)));
+    topics.extend(internal_topics(&application_id(app)));
     topics
 }
 
 /// The repartition topic, when the app's topology repartitions.
 fn repartition_topic(app: &StreamApp) -> Option<String> {
-    let [_, repartition] = kafka::internal_topics(&application_id(app));
-    app.spec.topology.repartitions().then_some(repartition)
+    app.spec
+        .topology
+        .repartitions()
+        .then(|| streamapp_api::config::repartition_topic(&application_id(app)))
 }
 
 /// A look at the StreamApp's Kafka (a recent one when there is one; `urgent`: at most a second
@@ -159,7 +161,7 @@ pub(super) async fn observe(
     match observed {
         Err(why) => (None, KafkaFinding::Unreachable(why)),
         Ok(seen) => {
-            let [changelog, _] = kafka::internal_topics(&application_id(app));
+            let changelog = changelog_topic(&application_id(app));
             let problems = kafka::topic_problems(app, &seen.topics, &changelog);
             let input_partitions = seen
                 .topics
@@ -266,7 +268,7 @@ pub(super) fn group_empty(seen: Option<&Observation>) -> bool {
 /// Internal topics of the StreamApp that still exist.
 pub(super) fn internal_topics_present(app: &StreamApp, seen: Option<&Observation>) -> Vec<String> {
     let Some(seen) = seen else { return Vec::new() };
-    kafka::internal_topics(&application_id(app))
+    internal_topics(&application_id(app))
         .into_iter()
         .filter(|t| seen.topics.partitions.get(t).copied().flatten().is_some())
         .collect()
@@ -397,7 +399,7 @@ pub(super) async fn run_cleanup(
             Ok(Some(Duration::from_secs(2)))
         }
         Step::DeleteFromKafka => {
-            let topics = kafka::internal_topics(&application_id(app));
+            let topics = internal_topics(&application_id(app));
             let deleted = match kafka {
                 Ok(k) => match k.delete_group(&application_id(app)).await {
                     Ok(()) => k.delete_topics(&topics).await,

@@ -59,6 +59,7 @@ use streamapp_api::config::{DedupId, GroupTiming, ResolvedRocksDb};
 use streamapp_api::health::{
     DeadLetterNote, ProcessorPhase, Quarantine, StoreUnavailable, TaskHealth,
 };
+use streamapp_api::state_volume::wal_files;
 use tracing::info;
 
 use crate::faults::Faults;
@@ -67,7 +68,7 @@ use crate::metrics::{GaugeShare, Metrics};
 use crate::record_attempts::RecordAttempts;
 use crate::repartition::Purger;
 use crate::restore::ChangelogEnds;
-use crate::shared::{DrainOutcome, Shared};
+use crate::shared::{DrainOutcome, Shared, now_ms};
 use crate::state_updater::{StateUpdater, StoreOpener};
 use crate::store::{MemoryRole, SharedMemory, Staged, TaskStore, Verifier, Window};
 
@@ -583,6 +584,7 @@ impl Engine {
         self.last_publish = Instant::now();
         let mut reports = Vec::new();
         let mut backing_off: BTreeMap<StoreUnavailable, i64> = BTreeMap::new();
+        let now = now_ms();
         for (role, label) in [
             (MemoryRole::Active, "active"),
             (MemoryRole::Standby, "standby"),
@@ -612,7 +614,7 @@ impl Engine {
             if let Some(store) = &task.store {
                 task.health.store_keys = store.estimated_keys();
                 task.health.store_bytes = store.sst_bytes();
-                task.health.wal = crate::state_dir::wal_files(store.wal_dir());
+                task.health.wal = wal_files(store.wal_dir()).at(now);
                 task.health.store_changelog_offset = store.meta().changelog_offset;
             }
             if task.is(&Phase::Standby) {

@@ -14,15 +14,14 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use streamapp_api::state_volume::{StateDir, checkpoint};
 use tracing::{info, warn};
 
 use super::membership::Share;
 use super::{Engine, EngineConfig, EngineError, GroupConsumer};
-use crate::checkpoint;
 use crate::group::txn_offsets::GroupGeneration;
 use crate::group::{Generation, GroupConfig, GroupEvent, MemberState, Membership, Report};
 use crate::restore::ChangelogEnds;
-use crate::state_dir::StateDir;
 use crate::store::{ChangelogIdentity, changelog_offset_on_disk};
 use crate::txn_coordinator::CoordinatorClient;
 use streamapp_kafka_wire::Security;

@@ -17,10 +17,11 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use streamapp_api::health::{ProcessorPhase, RestoreProgress, StoreOpen, VerificationReason};
+use streamapp_api::state_volume::checkpoint::{self, CheckpointEntry};
+use streamapp_api::state_volume::remove_if_present;
 use tracing::{error, info, warn};
 
 use super::{Engine, EngineError, GroupConsumer};
-use crate::checkpoint::{self, CheckpointEntry};
 use crate::lifecycle::{Arrival, Command, Destination, Event, Phase, Role};
 use crate::metrics::Metrics;
 use crate::restore::RestoreError;
@@ -96,7 +97,7 @@ impl Engine {
         let task = self.tasks.get_mut(&p).expect("task exists");
         match command {
             Command::StopConsuming => self.reassign_needed = true,
-            Command::RemoveCheckpoint => checkpoint::remove(&state.checkpoint_file(p))
+            Command::RemoveCheckpoint => remove_if_present(&state.checkpoint_file(p))
                 .map_err(|e| StoreError::from_io(&store_dir, "removing the checkpoint", &e))?,
             Command::BeginRestore => {
                 task.health.restore = None;

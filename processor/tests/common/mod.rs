@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use streamapp_api::state_volume::StateDir;
 use testbed::kafka::{self, Isolation};
 use testbed::process::{Spawned, free_port};
 
@@ -609,8 +610,8 @@ impl Processor {
 
     /// The processor's health file.
     pub fn health(&self) -> streamapp_api::health::ProcessorHealth {
-        let bytes = std::fs::read(self.state.join(streamapp_api::health::HEALTH_FILE))
-            .expect("health file");
+        let bytes =
+            std::fs::read(StateDir::new(&self.state, None).health_file()).expect("health file");
         serde_json::from_slice(&bytes).expect("health file parses")
     }
 }
