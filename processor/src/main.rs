@@ -12,10 +12,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rdkafka::config::ClientConfig;
-use streamapp_api::config::{DedupIdSource, ProcessorConfig, Repartition};
+use streamapp_api::config::{ProcessorConfig, ResolvedConfig};
 use streamapp_api::health::{ProcessorHealth, ProcessorPhase};
 use streamapp_api::units::parse_duration;
-use streamapp_processor::engine::{EngineConfig, EngineError, GroupSetup};
+use streamapp_processor::engine::{EngineConfig, EngineError};
 use streamapp_processor::shared::{Shared, now_ms};
 use streamapp_processor::state_dir::StateDir;
 use streamapp_processor::store::SharedMemory;
@@ -159,8 +159,8 @@ fn drain(port: u16, timeout: Duration) -> ExitCode {
     }
 }
 
-/// The configuration file with flags and environment applied, validated.
-fn load_config(args: &RunArgs) -> anyhow::Result<ProcessorConfig> {
+/// The configuration file with flags and environment applied, resolved.
+fn load_config(args: &RunArgs) -> anyhow::Result<ResolvedConfig> {
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("reading {}", args.config.display()))?;
     let mut config: ProcessorConfig = serde_yaml::from_str(&text)
@@ -177,11 +177,10 @@ fn load_config(args: &RunArgs) -> anyhow::Result<ProcessorConfig> {
     if let Some(b) = &args.bootstrap_servers {
         config.kafka.bootstrap_servers = b.clone();
     }
-    config.validate()?;
-    Ok(config)
+    Ok(config.resolve()?)
 }
 
-fn client_config(config: &ProcessorConfig, args: &RunArgs) -> ClientConfig {
+fn client_config(config: &ResolvedConfig, args: &RunArgs) -> ClientConfig {
     let mut client = ClientConfig::new();
     client.set("bootstrap.servers", &config.kafka.bootstrap_servers);
     for (k, v) in &config.kafka.properties {
@@ -218,11 +217,7 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let (topology, rocksdb) = config.validate().expect("validated in load_config");
-    let state = StateDir::new(
-        &config.state_dir,
-        config.wal_dir.as_ref().map(PathBuf::from),
-    );
+    let state = StateDir::new(&config.state_dir, config.wal_dir.clone());
     if let Err(e) = std::fs::create_dir_all(state.root()) {
         eprintln!(
             "streamapp-processor: cannot create the state dir {}: {e}",
@@ -248,7 +243,7 @@ fn run(args: RunArgs) -> ExitCode {
     info!(
         pod = %args.pod_name,
         application_id = %config.application_id,
-        state_dir = %config.state_dir,
+        state_dir = %config.state_dir.display(),
         previous_shutdown_clean = ?health.previous_shutdown_clean,
         processing_threads = config.processing_threads,
         "starting"
@@ -267,8 +262,6 @@ fn run(args: RunArgs) -> ExitCode {
         .build()
         .expect("tokio runtime");
 
-    let drain_timeout = parse_duration(&config.drain_timeout).expect("validated");
-    let liveness_timeout = parse_duration(&config.liveness_timeout).expect("validated");
     let listener =
         match runtime.block_on(tokio::net::TcpListener::bind(("0.0.0.0", config.http_port))) {
             Ok(l) => l,
@@ -287,8 +280,8 @@ fn run(args: RunArgs) -> ExitCode {
         Arc::new(registry),
         http::HttpOptions {
             drain_token: args.drain_token.clone(),
-            drain_timeout,
-            liveness_timeout,
+            drain_timeout: config.drain_timeout,
+            liveness_timeout: config.liveness_timeout,
         },
     ));
     let signal_shared = shared.clone();
@@ -304,7 +297,6 @@ fn run(args: RunArgs) -> ExitCode {
     });
 
     let client = client_config(&config, &args);
-    let changelog_topic = config.changelog_topic();
     let fail_start = |e: &dyn std::fmt::Display, code: u8| {
         error!("{e}");
         eprintln!("streamapp-processor: {e}");
@@ -319,15 +311,14 @@ fn run(args: RunArgs) -> ExitCode {
     let input_partitions = match runtime.block_on(changelog::ensure(
         &client,
         &config.topology.input_topic,
-        &changelog_topic,
-        topology.retention,
+        &config.changelog_topic,
+        config.topology.retention,
     )) {
         Ok(n) => n,
         Err(e) => return fail_start(&e, exit_code(e.is_refusal())),
     };
     shared.beat_all();
-    let repartition_topic = config.repartition_topic();
-    if let Some(topic) = &repartition_topic
+    if let Some(topic) = &config.repartition_topic
         && let Err(e) = runtime.block_on(repartition::ensure(
             &client,
             &config.topology.input_topic,
@@ -354,14 +345,18 @@ fn run(args: RunArgs) -> ExitCode {
             topic: d.clone(),
         });
     }
-    if let Some(topic) = &repartition_topic {
+    if let Some(topic) = &config.repartition_topic {
         written.push(WrittenTopic {
             field: "the repartition topic",
             topic: topic.clone(),
         });
     }
     let mut client = client;
-    match runtime.block_on(topics::check(&client, &written, topology.max_value_bytes)) {
+    match runtime.block_on(topics::check(
+        &client,
+        &written,
+        config.topology.max_value_bytes,
+    )) {
         // Batches larger than a topic takes would be refused as a whole.
         Ok(checked) if client.get("batch.size").is_none() => {
             let batch = topics::batch_size(checked.smallest_limit);
@@ -371,37 +366,14 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail_start(&e, exit_code(e.is_refusal())),
     }
     shared.beat_all();
-    let engine_config = EngineConfig {
-        application_id: config.application_id.clone(),
-        pod: args.pod_name.clone(),
-        thread: 0,
-        input_topic: config.topology.input_topic.clone(),
-        output_topic: config.topology.output_topic.clone(),
-        duplicates_topic: config.topology.duplicates_topic.clone(),
-        dead_letter_topic: config.topology.dead_letter_topic.clone(),
-        // Read at each engine start (workers.rs).
-        changelog_topic_id: None,
-        changelog_topic,
-        check_keying: config.topology.repartition == Repartition::Never
-            && config.topology.dedup_id.source != DedupIdSource::Key,
-        repartition_topic,
-        dedup_id: config.topology.dedup_id.clone(),
-        retention: topology.retention,
-        commit_interval: topology.commit_interval,
-        max_value_bytes: topology.max_value_bytes,
-        max_skew: topology.max_skew,
-        max_record_attempts: topology.max_record_attempts,
-        input_partitions: input_partitions as u32,
-        rocksdb,
+    let engine_config = EngineConfig::new(
+        &config,
+        &args.pod_name,
+        input_partitions as u32,
         client,
-        group: GroupSetup {
-            standby_replicas: config.group.standby_replicas,
-            acceptable_recovery_lag: config.group.acceptable_recovery_lag,
-            timing: config.group_timing().expect("validated in load_config"),
-            // The downward API's spec.nodeName, set by the operator.
-            node: std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
-        },
-    };
+        // The downward API's spec.nodeName, set by the operator.
+        std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
+    );
 
     let process = workers::Process {
         memory: SharedMemory::new(&engine_config.rocksdb, config.group.standby_replicas > 0),
