@@ -21,13 +21,18 @@ pub const MEMORY_BUDGET_EXCEEDED: &str = "MemoryBudgetExceeded";
 
 const MIB: u64 = 1 << 20;
 
-/// Runs every check; the first failure blocks the rollout.
+/// Runs every check; the first that fails blocks the rollout. An invalid configuration is
+/// reported with every field that must change.
 pub fn preflight(app: &StreamApp, config: &ProcessorConfig) -> Result<(), Blocker> {
-    let (_, rocksdb) = config.validate().map_err(|e| Blocker {
+    let resolved = config.resolve().map_err(|errors| Blocker {
         reason: INVALID_CONFIG,
-        message: format!("{}: {}", spec_field(&e.field), e.message),
+        message: errors
+            .iter()
+            .map(|e| format!("{}: {}", spec_field(&e.field), e.message))
+            .collect::<Vec<_>>()
+            .join("; "),
     })?;
-    check_memory_budget(app, &rocksdb, config.processing_threads)
+    check_memory_budget(app, &resolved.rocksdb, resolved.processing_threads)
 }
 
 /// Compares the memory the processor needs ([`ResolvedRocksDb::container_memory_bytes`]) with
@@ -162,6 +167,26 @@ mod tests {
         assert_eq!(blocker.reason, "InvalidConfig");
         assert!(
             blocker.message.starts_with("spec.rocksdb.memtableBudget:"),
+            "{}",
+            blocker.message
+        );
+    }
+
+    #[test]
+    fn every_invalid_field_is_named_at_once() {
+        let mut app = app();
+        app.spec.rocksdb.compaction_style = Some(streamapp_api::config::CompactionStyle::Fifo);
+        let mut config = processor_config(&app);
+        config.drain_timeout = "soon".into();
+        let blocker = preflight(&app, &config).unwrap_err();
+        assert_eq!(blocker.reason, "InvalidConfig");
+        assert!(
+            blocker
+                .message
+                .starts_with("spec.rocksdb.compactionStyle: Fifo")
+                && blocker
+                    .message
+                    .contains("; spec.shutdown.drainTimeout: \"soon\" is not a duration"),
             "{}",
             blocker.message
         );

@@ -1,5 +1,5 @@
-//! The StreamApp processor as a library: the binary (`main.rs`) wires these together, and
-//! integration tests reach the pieces they check.
+//! The StreamApp processor as a library: the binary (`main.rs` and its `startup` module) wires
+//! these together, and integration tests reach the pieces they check.
 
 pub mod assignment;
 pub mod changelog;

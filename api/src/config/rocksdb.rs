@@ -4,7 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::ConfigErrors;
 use crate::units::parse_quantity;
 
 /// RocksDB tuning. Every field is optional: unset fields take the value of `profile`.
@@ -281,41 +281,52 @@ impl ResolvedRocksDb {
 }
 
 impl RocksDbTuning {
-    /// Applies the set knobs over the profile's values. Errors name the field.
-    pub fn resolve(&self) -> Result<ResolvedRocksDb, ConfigError> {
+    /// Applies the set knobs over the profile's values. The errors name their fields, all of
+    /// them: the checks between sizes run only when every size parsed.
+    pub fn resolve(&self) -> Result<ResolvedRocksDb, ConfigErrors> {
+        let mut errors = ConfigErrors::default();
         let mut r = ResolvedRocksDb::profile(self.profile.unwrap_or_default());
-        let q = |field: &str, v: &Option<String>, into: &mut u64| -> Result<(), ConfigError> {
-            if let Some(v) = v {
-                *into = parse_quantity(v).map_err(|e| ConfigError::field(field, e))?;
-            }
-            Ok(())
-        };
-        q(
+        let before_sizes = errors.len();
+        set_size(
+            &mut errors,
             "rocksdb.blockCacheSize",
             &self.block_cache_size,
             &mut r.block_cache_bytes,
-        )?;
-        q(
+        );
+        set_size(
+            &mut errors,
             "rocksdb.writeBufferSize",
             &self.write_buffer_size,
             &mut r.write_buffer_bytes,
-        )?;
-        q(
+        );
+        set_size(
+            &mut errors,
             "rocksdb.blockSize",
             &self.block_size,
             &mut r.block_size_bytes,
-        )?;
-        q(
+        );
+        set_size(
+            &mut errors,
             "rocksdb.memtableBudget",
             &self.memtable_budget,
             &mut r.memtable_budget_bytes,
-        )?;
+        );
         r.standby_memtable_budget_bytes = r.memtable_budget_bytes / 4;
-        q(
+        set_size(
+            &mut errors,
             "rocksdb.standbyMemtableBudget",
             &self.standby_memtable_budget,
             &mut r.standby_memtable_budget_bytes,
-        )?;
+        );
+        if let Some(wal) = &self.wal {
+            set_size(
+                &mut errors,
+                "rocksdb.wal.maxTotalSize",
+                &wal.max_total_size,
+                &mut r.wal_max_total_bytes,
+            );
+        }
+        let sizes_parsed = errors.len() == before_sizes;
         if let Some(n) = self.max_write_buffer_number {
             r.max_write_buffer_number = n;
         }
@@ -338,93 +349,98 @@ impl RocksDbTuning {
             if let Some(v) = wal.recovery_mode {
                 r.wal_recovery_mode = v;
             }
-            if let Some(v) = wal.ttl_seconds {
-                r.wal_ttl_seconds = u64::try_from(v).map_err(|_| {
-                    ConfigError::field("rocksdb.wal.ttlSeconds", "must not be negative")
-                })?;
-            }
-            if let Some(v) = wal.size_limit_mb {
-                r.wal_size_limit_mb = u64::try_from(v).map_err(|_| {
-                    ConfigError::field("rocksdb.wal.sizeLimitMb", "must not be negative")
-                })?;
-            }
-            q(
-                "rocksdb.wal.maxTotalSize",
-                &wal.max_total_size,
-                &mut r.wal_max_total_bytes,
-            )?;
+            set_non_negative(
+                &mut errors,
+                "rocksdb.wal.ttlSeconds",
+                wal.ttl_seconds,
+                &mut r.wal_ttl_seconds,
+            );
+            set_non_negative(
+                &mut errors,
+                "rocksdb.wal.sizeLimitMb",
+                wal.size_limit_mb,
+                &mut r.wal_size_limit_mb,
+            );
             if let Some(v) = wal.sync_on_commit {
                 r.wal_sync_on_commit = v;
             }
         }
         if let Some(v) = &self.verification {
-            if let Some(n) = v.interval_seconds {
-                r.verify_interval_seconds = u64::try_from(n).map_err(|_| {
-                    ConfigError::field(
-                        "rocksdb.verification.intervalSeconds",
-                        "must not be negative",
-                    )
-                })?;
-            }
+            set_non_negative(
+                &mut errors,
+                "rocksdb.verification.intervalSeconds",
+                v.interval_seconds,
+                &mut r.verify_interval_seconds,
+            );
             if let Some(n) = v.keys_per_second {
-                r.verify_keys_per_second = u64::try_from(n)
-                    .ok()
-                    .filter(|&n| n >= 1000)
-                    .ok_or_else(|| {
-                        ConfigError::field(
-                            "rocksdb.verification.keysPerSecond",
-                            "must be at least 1000",
-                        )
-                    })?;
+                match u64::try_from(n).ok().filter(|&n| n >= 1000) {
+                    Some(n) => r.verify_keys_per_second = n,
+                    None => errors.push(
+                        "rocksdb.verification.keysPerSecond",
+                        "must be at least 1000",
+                    ),
+                }
             }
         }
         if r.compaction_style == CompactionStyle::Fifo {
-            return Err(ConfigError::field(
+            errors.push(
                 "rocksdb.compactionStyle",
                 "Fifo deletes the oldest SST files and with them ids the store still vouches for, \
                  so repeats would be output as first occurrences; use Level (default) or Universal",
-            ));
+            );
         }
         if r.wal_recovery_mode == WalRecoveryMode::SkipAnyCorruptedRecords {
-            return Err(ConfigError::field(
+            errors.push(
                 "rocksdb.wal.recoveryMode",
                 "SkipAnyCorruptedRecords can leave holes in the store that no offset reveals; \
                  use PointInTime (recommended), TolerateCorruptedTailRecords or AbsoluteConsistency",
-            ));
+            );
         }
         if !(2..=16).contains(&r.max_write_buffer_number) {
-            return Err(ConfigError::field(
-                "rocksdb.maxWriteBufferNumber",
-                "must be between 2 and 16",
-            ));
+            errors.push("rocksdb.maxWriteBufferNumber", "must be between 2 and 16");
         }
         if r.block_size_bytes < 1024 {
-            return Err(ConfigError::field(
-                "rocksdb.blockSize",
-                "must be at least 1Ki",
-            ));
+            errors.push("rocksdb.blockSize", "must be at least 1Ki");
         }
         if r.write_buffer_bytes < (1 << 20) {
-            return Err(ConfigError::field(
-                "rocksdb.writeBufferSize",
-                "must be at least 1Mi",
-            ));
+            errors.push("rocksdb.writeBufferSize", "must be at least 1Mi");
         }
-        if r.memtable_budget_bytes < r.write_buffer_bytes {
-            return Err(ConfigError::field(
+        if sizes_parsed && r.memtable_budget_bytes < r.write_buffer_bytes {
+            errors.push(
                 "rocksdb.memtableBudget",
                 "must be at least rocksdb.writeBufferSize",
-            ));
+            );
         }
-        if r.standby_memtable_budget_bytes == 0
-            || r.standby_memtable_budget_bytes >= r.memtable_budget_bytes
+        if sizes_parsed
+            && (r.standby_memtable_budget_bytes == 0
+                || r.standby_memtable_budget_bytes >= r.memtable_budget_bytes)
         {
-            return Err(ConfigError::field(
+            errors.push(
                 "rocksdb.standbyMemtableBudget",
                 "must be more than 0 and less than rocksdb.memtableBudget (it is a part of it)",
-            ));
+            );
         }
-        Ok(r)
+        errors.or_ok(r)
+    }
+}
+
+/// Sets `into` to the size `value` (a quantity) if it is given; notes the error if it does not
+/// parse, and leaves the profile's value.
+fn set_size(errors: &mut ConfigErrors, field: &str, value: &Option<String>, into: &mut u64) {
+    if let Some(v) = value
+        && let Some(bytes) = errors.check(field, parse_quantity(v))
+    {
+        *into = bytes;
+    }
+}
+
+/// Sets `into` to `value` (seconds, megabytes) if it is given; notes the error if it is
+/// negative.
+fn set_non_negative(errors: &mut ConfigErrors, field: &str, value: Option<i64>, into: &mut u64) {
+    if let Some(v) = value
+        && let Some(v) = errors.check(field, u64::try_from(v).map_err(|_| "must not be negative"))
+    {
+        *into = v;
     }
 }
 
@@ -438,8 +454,9 @@ mod tests {
             compaction_style: Some(CompactionStyle::Fifo),
             ..Default::default()
         };
-        let e = tuning.resolve().unwrap_err();
-        assert_eq!(e.field, "rocksdb.compactionStyle");
+        let errors = tuning.resolve().unwrap_err();
+        assert_eq!(errors.fields(), ["rocksdb.compactionStyle"]);
+        let e = errors.iter().next().unwrap();
         assert!(e.message.contains("Level"), "{e}");
         for allowed in [CompactionStyle::Level, CompactionStyle::Universal] {
             let tuning = RocksDbTuning {
@@ -467,10 +484,14 @@ mod tests {
             (r.verify_interval_seconds, r.verify_keys_per_second),
             (0, 2000)
         );
-        let e = tuning(Some(-1), None).resolve().unwrap_err();
-        assert_eq!(e.field, "rocksdb.verification.intervalSeconds");
-        let e = tuning(None, Some(10)).resolve().unwrap_err();
-        assert_eq!(e.field, "rocksdb.verification.keysPerSecond");
+        let e = tuning(Some(-1), Some(10)).resolve().unwrap_err();
+        assert_eq!(
+            e.fields(),
+            [
+                "rocksdb.verification.intervalSeconds",
+                "rocksdb.verification.keysPerSecond"
+            ]
+        );
     }
 
     #[test]
@@ -483,8 +504,8 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            tuning.resolve().unwrap_err().field,
-            "rocksdb.wal.recoveryMode"
+            tuning.resolve().unwrap_err().fields(),
+            ["rocksdb.wal.recoveryMode"]
         );
     }
 
@@ -528,8 +549,8 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            tuning.resolve().unwrap_err().field,
-            "rocksdb.standbyMemtableBudget",
+            tuning.resolve().unwrap_err().fields(),
+            ["rocksdb.standbyMemtableBudget"],
             "the whole budget leaves nothing to the active stores"
         );
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::ConfigErrors;
 use crate::units::{parse_duration, parse_quantity};
 
 /// What the processor deduplicates and where records go.
@@ -145,9 +145,17 @@ pub enum DedupIdSource {
     JsonPointer,
 }
 
-/// The topology with its durations and sizes parsed.
+/// The topology checked, with its durations and sizes parsed: what the processor runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResolvedTopology {
+    pub input_topic: String,
+    pub output_topic: String,
+    pub duplicates_topic: Option<String>,
+    pub dead_letter_topic: String,
+    pub dedup_id: DedupId,
+    /// `repartition: Never` with an id that is not the key: the records whose key is not
+    /// their id are counted (they are not moved).
+    pub check_keying: bool,
     pub retention: Duration,
     pub commit_interval: Duration,
     pub max_value_bytes: u64,
@@ -162,39 +170,41 @@ impl Topology {
         self.repartition == Repartition::Auto && self.dedup_id.source != DedupIdSource::Key
     }
 
-    /// Checks what the schema cannot and parses durations. Errors name the field.
-    pub fn resolve(&self) -> Result<ResolvedTopology, ConfigError> {
-        let retention = parse_duration(&self.retention)
-            .map_err(|e| ConfigError::field("topology.retention", e))?;
-        let commit_interval = parse_duration(&self.commit_interval)
-            .map_err(|e| ConfigError::field("topology.commitInterval", e))?;
-        let max_value_bytes = parse_quantity(&self.max_value_size)
-            .map_err(|e| ConfigError::field("topology.maxValueSize", e))?;
-        let max_skew = parse_duration(&self.max_skew)
-            .map_err(|e| ConfigError::field("topology.maxSkew", e))?;
-        if commit_interval.is_zero() {
-            return Err(ConfigError::field(
-                "topology.commitInterval",
-                "must be greater than 0",
-            ));
+    /// Checks what the schema cannot and parses durations and sizes. The errors name their
+    /// fields, all of them: a check between two fields runs only when both parsed.
+    pub fn resolve(&self) -> Result<ResolvedTopology, ConfigErrors> {
+        let mut errors = ConfigErrors::default();
+        let retention = errors.check("topology.retention", parse_duration(&self.retention));
+        let commit_interval = errors.check(
+            "topology.commitInterval",
+            parse_duration(&self.commit_interval),
+        );
+        let max_value_bytes = errors.check(
+            "topology.maxValueSize",
+            parse_quantity(&self.max_value_size),
+        );
+        let max_skew = errors.check("topology.maxSkew", parse_duration(&self.max_skew));
+        if commit_interval.is_some_and(|c| c.is_zero()) {
+            errors.push("topology.commitInterval", "must be greater than 0");
         }
-        if retention <= commit_interval {
-            return Err(ConfigError::field(
+        if let (Some(retention), Some(commit_interval)) = (retention, commit_interval)
+            && retention <= commit_interval
+        {
+            errors.push(
                 "topology.retention",
                 "must be greater than topology.commitInterval",
-            ));
+            );
         }
-        if max_skew >= retention {
-            return Err(ConfigError::field(
+        if let (Some(retention), Some(max_skew)) = (retention, max_skew)
+            && max_skew >= retention
+        {
+            errors.push(
                 "topology.maxSkew",
                 "must be less than topology.retention (ids are remembered for retention minus maxSkew at least)",
-            ));
+            );
         }
         if !(1..=100).contains(&self.max_record_attempts) {
-            return Err(ConfigError::field(
-                "topology.maxRecordAttempts",
-                "must be between 1 and 100",
-            ));
+            errors.push("topology.maxRecordAttempts", "must be between 1 and 100");
         }
         let mut topics = vec![
             ("topology.inputTopic", &self.input_topic),
@@ -206,34 +216,49 @@ impl Topology {
         }
         for (i, (field, topic)) in topics.iter().enumerate() {
             if let Err(why) = check_topic_name(topic) {
-                return Err(ConfigError::field(field, why));
-            }
-            if let Some((other, _)) = topics[..i].iter().find(|(_, t)| t == topic) {
-                return Err(ConfigError::field(
+                errors.push(field, why);
+            } else if let Some((other, _)) = topics[..i].iter().find(|(_, t)| t == topic) {
+                errors.push(
                     field,
                     format!("must differ from {other} (both are {topic:?})"),
-                ));
+                );
             }
         }
         match self.dedup_id.source {
             DedupIdSource::Header if self.dedup_id.header.as_deref().unwrap_or("").is_empty() => {
-                return Err(ConfigError::field(
+                errors.push(
                     "topology.dedupId.header",
                     "is required when source is Header",
-                ));
+                );
             }
-            DedupIdSource::JsonPointer => {
-                let p = self.dedup_id.json_pointer.as_deref().unwrap_or("");
-                if !p.starts_with('/') {
-                    return Err(ConfigError::field(
-                        "topology.dedupId.jsonPointer",
-                        "is required when source is JsonPointer and must start with '/' (e.g. /commandId)",
-                    ));
-                }
+            DedupIdSource::JsonPointer
+                if !self
+                    .dedup_id
+                    .json_pointer
+                    .as_deref()
+                    .unwrap_or("")
+                    .starts_with('/') =>
+            {
+                errors.push(
+                    "topology.dedupId.jsonPointer",
+                    "is required when source is JsonPointer and must start with '/' (e.g. /commandId)",
+                );
             }
             _ => {}
         }
-        Ok(ResolvedTopology {
+        let (Some(retention), Some(commit_interval), Some(max_value_bytes), Some(max_skew)) =
+            (retention, commit_interval, max_value_bytes, max_skew)
+        else {
+            return Err(errors);
+        };
+        errors.or_ok(ResolvedTopology {
+            input_topic: self.input_topic.clone(),
+            output_topic: self.output_topic.clone(),
+            duplicates_topic: self.duplicates_topic.clone(),
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            dedup_id: self.dedup_id.clone(),
+            check_keying: self.repartition == Repartition::Never
+                && self.dedup_id.source != DedupIdSource::Key,
             retention,
             commit_interval,
             max_value_bytes,
@@ -289,21 +314,34 @@ pub(super) mod tests {
             max_skew: "1h".into(),
             ..topology()
         };
-        assert_eq!(t.resolve().unwrap_err().field, "topology.maxSkew");
+        assert_eq!(t.resolve().unwrap_err().fields(), ["topology.maxSkew"]);
         let t = Topology {
             max_record_attempts: 0,
             ..topology()
         };
-        assert_eq!(t.resolve().unwrap_err().field, "topology.maxRecordAttempts");
+        assert_eq!(
+            t.resolve().unwrap_err().fields(),
+            ["topology.maxRecordAttempts"]
+        );
     }
 
     #[test]
     fn retention_must_exceed_commit_interval() {
         let t = Topology {
             retention: "100ms".into(),
+            max_skew: "50ms".into(),
             ..topology()
         };
-        assert_eq!(t.resolve().unwrap_err().field, "topology.retention");
+        assert_eq!(t.resolve().unwrap_err().fields(), ["topology.retention"]);
+        let t = Topology {
+            retention: "100ms".into(),
+            ..topology()
+        };
+        assert_eq!(
+            t.resolve().unwrap_err().fields(),
+            ["topology.retention", "topology.maxSkew"],
+            "the default maxSkew (5m) is not less than a retention of 100ms either"
+        );
     }
 
     #[test]
@@ -312,7 +350,10 @@ pub(super) mod tests {
             output_topic: "in".into(),
             ..topology()
         };
-        let e = t.resolve().unwrap_err();
+        let errors = t.resolve().unwrap_err();
+        let [e] = errors.iter().collect::<Vec<_>>()[..] else {
+            panic!("one error: {errors}")
+        };
         assert_eq!(e.field, "topology.outputTopic");
         assert!(e.message.contains("topology.inputTopic"), "{e}");
     }
@@ -332,8 +373,8 @@ pub(super) mod tests {
                 ..topology()
             };
             assert_eq!(
-                t.resolve().unwrap_err().field,
-                "topology.outputTopic",
+                t.resolve().unwrap_err().fields(),
+                ["topology.outputTopic"],
                 "{bad:?}"
             );
         }
@@ -352,6 +393,9 @@ pub(super) mod tests {
             },
             ..topology()
         };
-        assert_eq!(t.resolve().unwrap_err().field, "topology.dedupId.header");
+        assert_eq!(
+            t.resolve().unwrap_err().fields(),
+            ["topology.dedupId.header"]
+        );
     }
 }

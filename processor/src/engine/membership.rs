@@ -122,7 +122,7 @@ impl Engine {
             active: of(self.cfg.dedup_input()),
             standby: BTreeMap::new(),
             routes: match self.cfg.repartition_topic {
-                Some(_) => of(&self.cfg.input_topic),
+                Some(_) => of(&self.cfg.topology.input_topic),
                 None => Vec::new(),
             },
         }
@@ -182,7 +182,7 @@ impl Engine {
         }
         self.routes.clear();
         self.route_attempts =
-            crate::record_attempts::RecordAttempts::new(self.cfg.max_record_attempts);
+            crate::record_attempts::RecordAttempts::new(self.cfg.topology.max_record_attempts);
         let _ = consumer.unassign();
         self.assigned = false;
         self.faults.after_revoke();
@@ -224,7 +224,7 @@ impl Engine {
         }
         for (&p, route) in self.routes.iter().filter(|(_, r)| r.active) {
             let offset = route.position.map_or(Offset::Beginning, Offset::Offset);
-            tpl.add_partition_offset(&self.cfg.input_topic, p, offset)
+            tpl.add_partition_offset(&self.cfg.topology.input_topic, p, offset)
                 .expect("valid partition");
         }
         if let Err(e) = consumer.assign(&tpl) {

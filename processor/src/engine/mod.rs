@@ -55,7 +55,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::BaseProducer;
-use streamapp_api::config::{DedupId, GroupTiming, ResolvedRocksDb};
+use streamapp_api::config::{GroupTiming, ResolvedConfig, ResolvedRocksDb, ResolvedTopology};
 use streamapp_api::health::{
     DeadLetterNote, ProcessorPhase, Quarantine, StoreUnavailable, TaskHealth,
 };
@@ -124,17 +124,16 @@ pub enum EngineError {
     Restore(#[from] crate::restore::RestoreError),
 }
 
-/// What the engine needs to know, resolved from the configuration.
+/// What the engine needs to know: the resolved configuration's part it runs, and what start-up
+/// found ([`EngineConfig::new`]).
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub application_id: String,
     pub pod: String,
     /// Which of the process's processing threads runs this engine (0 with one thread).
     pub thread: usize,
-    pub input_topic: String,
-    pub output_topic: String,
-    pub duplicates_topic: Option<String>,
-    pub dead_letter_topic: String,
+    /// Topics, the dedup id, the window and the record limits.
+    pub topology: ResolvedTopology,
     pub changelog_topic: String,
     /// The changelog topic's id (KIP-516) when the engine started, if the broker tells it:
     /// stores of an earlier topic of the same name are rebuilt, not mixed with this one.
@@ -142,15 +141,6 @@ pub struct EngineConfig {
     /// The internal topic of the route stage, when the topology repartitions: the dedup
     /// tasks read it instead of the input.
     pub repartition_topic: Option<String>,
-    /// `topology.repartition: Never` with an id that is not the key: count the records whose
-    /// key is not their id.
-    pub check_keying: bool,
-    pub dedup_id: DedupId,
-    pub retention: Duration,
-    pub commit_interval: Duration,
-    pub max_value_bytes: u64,
-    pub max_skew: Duration,
-    pub max_record_attempts: u32,
     /// Partitions of the input topic, as found at start-up.
     pub input_partitions: u32,
     pub rocksdb: ResolvedRocksDb,
@@ -172,12 +162,43 @@ pub struct GroupSetup {
 }
 
 impl EngineConfig {
+    /// The first processing thread's engine of pod `pod`, from the resolved configuration and
+    /// what start-up found: the input's partitions, the Kafka client properties (with the
+    /// credentials and the batch size) and the Kubernetes node the pod runs on.
+    pub fn new(
+        config: &ResolvedConfig,
+        pod: &str,
+        input_partitions: u32,
+        client: ClientConfig,
+        node: Option<String>,
+    ) -> Self {
+        EngineConfig {
+            application_id: config.application_id.clone(),
+            pod: pod.to_string(),
+            thread: 0,
+            topology: config.topology.clone(),
+            changelog_topic: config.changelog_topic.clone(),
+            // Read at each engine start (workers.rs).
+            changelog_topic_id: None,
+            repartition_topic: config.repartition_topic.clone(),
+            input_partitions,
+            rocksdb: config.rocksdb.clone(),
+            client,
+            group: GroupSetup {
+                standby_replicas: config.group.standby_replicas,
+                acceptable_recovery_lag: config.group.acceptable_recovery_lag,
+                timing: config.group.timing,
+                node,
+            },
+        }
+    }
+
     /// The topic the dedup tasks read: the repartition topic when the topology repartitions,
     /// else the input.
     pub fn dedup_input(&self) -> &str {
         self.repartition_topic
             .as_deref()
-            .unwrap_or(&self.input_topic)
+            .unwrap_or(&self.topology.input_topic)
     }
 
     /// This engine's group member: the pod, or the pod's processing thread.
@@ -407,8 +428,8 @@ impl Engine {
             rocksdb: cfg.rocksdb.clone(),
             memory: memory.clone(),
             window: Window {
-                retention: cfg.retention,
-                max_skew: cfg.max_skew,
+                retention: cfg.topology.retention,
+                max_skew: cfg.topology.max_skew,
             },
             changelog_topic: cfg.changelog_topic.clone(),
             changelog_topic_id: cfg.changelog_topic_id,
@@ -437,8 +458,8 @@ impl Engine {
             )?),
         };
         let engine = Arc::new(Mutex::new(Engine {
-            attempts: RecordAttempts::new(cfg.max_record_attempts),
-            route_attempts: RecordAttempts::new(cfg.max_record_attempts),
+            attempts: RecordAttempts::new(cfg.topology.max_record_attempts),
+            route_attempts: RecordAttempts::new(cfg.topology.max_record_attempts),
             cfg: cfg.clone(),
             producer,
             tasks: BTreeMap::new(),
@@ -470,7 +491,7 @@ impl Engine {
         }));
         let consumer = membership::new_consumer(&cfg, engine.clone())?;
         if cfg.group.standby_replicas == 0 {
-            let mut topics = vec![cfg.input_topic.as_str()];
+            let mut topics = vec![cfg.topology.input_topic.as_str()];
             topics.extend(cfg.repartition_topic.as_deref());
             consumer
                 .subscribe(&topics)
@@ -499,7 +520,7 @@ impl Engine {
         if self
             .txn
             .as_ref()
-            .is_some_and(|t| t.started.elapsed() >= self.cfg.commit_interval)
+            .is_some_and(|t| t.started.elapsed() >= self.cfg.topology.commit_interval)
         {
             self.commit(consumer)?;
         }
@@ -722,7 +743,7 @@ impl Engine {
             let route: i64 = self
                 .routes
                 .iter()
-                .map(|(&p, r)| lag(&self.cfg.input_topic, p, r.position))
+                .map(|(&p, r)| lag(&self.cfg.topology.input_topic, p, r.position))
                 .sum();
             self.gauges.stage_lag(&self.metrics, "route").set(route);
         }

@@ -66,7 +66,7 @@ impl Engine {
             self.begin()?;
         }
         let record = Consumed::of(m, stage, self.cfg.repartition_topic.is_some());
-        if m.topic() == self.cfg.input_topic {
+        if m.topic() == self.cfg.topology.input_topic {
             self.metrics.records_in.inc();
         }
         let outcome = match (&verdict, stage) {
@@ -110,7 +110,7 @@ impl Engine {
     }
 
     fn stage_of(&self, topic: &str) -> Stage {
-        if self.cfg.repartition_topic.is_some() && topic == self.cfg.input_topic {
+        if self.cfg.repartition_topic.is_some() && topic == self.cfg.topology.input_topic {
             Stage::Route
         } else {
             Stage::Dedup
@@ -160,7 +160,7 @@ impl Engine {
             .get_or_create(&crate::metrics::Metrics::kind(kind))
             .inc();
         warn!(stage = ?origin.stage, partition = origin.partition, offset = origin.offset, attempts,
-            max_attempts = self.cfg.max_record_attempts, kind = kind.reason(), error = %error,
+            max_attempts = self.cfg.topology.max_record_attempts, kind = kind.reason(), error = %error,
             "record failed; it is tried again on its own, and dead-lettered after the last attempt");
     }
 
@@ -232,10 +232,18 @@ impl Engine {
                     value: record.value,
                     header: &header,
                 };
-                topology::extract_id(&view, &self.cfg.dedup_id, self.cfg.max_value_bytes)?
+                topology::extract_id(
+                    &view,
+                    &self.cfg.topology.dedup_id,
+                    self.cfg.topology.max_value_bytes,
+                )?
             }
         };
-        topology::check_time(record.time, now_ms(), self.cfg.max_skew.as_millis() as i64)?;
+        topology::check_time(
+            record.time,
+            now_ms(),
+            self.cfg.topology.max_skew.as_millis() as i64,
+        )?;
         Ok(id)
     }
 
@@ -258,7 +266,7 @@ impl Engine {
             Ok(id) => id,
             Err(rejection) => return self.refuse(record, &rejection),
         };
-        if self.cfg.check_keying
+        if self.cfg.topology.check_keying
             && record.key != Some(id.as_slice())
             && let Some(txn) = self.txn.as_mut()
         {
@@ -278,10 +286,10 @@ impl Engine {
         if topology::is_duplicate(
             first_seen,
             record.time,
-            self.cfg.retention.as_millis() as i64,
+            self.cfg.topology.retention.as_millis() as i64,
         ) {
             self.metrics.duplicates.inc();
-            if let Some(topic) = self.cfg.duplicates_topic.clone() {
+            if let Some(topic) = self.cfg.topology.duplicates_topic.clone() {
                 let out = Outgoing {
                     topic: &topic,
                     partition: None,
@@ -324,7 +332,7 @@ impl Engine {
                 "injected failure in the enrich stage".into(),
             ));
         }
-        let output = self.cfg.output_topic.clone();
+        let output = self.cfg.topology.output_topic.clone();
         self.send(
             Outgoing {
                 topic: &output,
@@ -399,7 +407,7 @@ impl Engine {
                 value: Some(&size),
             });
         }
-        let topic = self.cfg.dead_letter_topic.clone();
+        let topic = self.cfg.topology.dead_letter_topic.clone();
         let (key, value) = if metadata_only {
             (None, None)
         } else {

@@ -153,10 +153,12 @@ impl StateAwareGroup {
                 instance_id: cfg.pod.clone(),
                 topic: cfg.dedup_input().to_string(),
                 tasks: cfg.input_partitions as i32,
-                routes: cfg
-                    .repartition_topic
-                    .as_ref()
-                    .map(|_| (cfg.input_topic.clone(), cfg.input_partitions as i32)),
+                routes: cfg.repartition_topic.as_ref().map(|_| {
+                    (
+                        cfg.topology.input_topic.clone(),
+                        cfg.input_partitions as i32,
+                    )
+                }),
                 session_timeout: timing.session_timeout,
                 rebalance_timeout: timing.rebalance_timeout,
                 heartbeat_interval: timing.heartbeat_interval,

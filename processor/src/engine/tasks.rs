@@ -677,7 +677,7 @@ impl Engine {
             tpl.add_partition(&dedup_input, p);
         }
         for &p in &routes {
-            tpl.add_partition(&self.cfg.input_topic, p);
+            tpl.add_partition(&self.cfg.topology.input_topic, p);
         }
         let committed = consumer
             .committed_offsets(tpl, Duration::from_secs(30))
@@ -702,7 +702,7 @@ impl Engine {
                 })
         };
         for &p in &routes {
-            let offset = committed_at(&self.cfg.input_topic, p);
+            let offset = committed_at(&self.cfg.topology.input_topic, p);
             let route = self.routes.get_mut(&p).expect("route exists");
             route.active = true;
             route.position = offset;

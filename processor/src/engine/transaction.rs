@@ -166,7 +166,7 @@ impl Engine {
         for (&p, route) in self.routes.iter().filter(|(_, r)| r.dirty) {
             if let Some(pos) = route.position {
                 positions
-                    .add_partition_offset(&self.cfg.input_topic, p, Offset::Offset(pos))
+                    .add_partition_offset(&self.cfg.topology.input_topic, p, Offset::Offset(pos))
                     .expect("valid");
             }
         }
