@@ -199,11 +199,7 @@ mod tests {
 
     #[test]
     fn a_reset_asked_for_stops_every_pod_and_looks_again_soon() {
-        let mut app = app(3);
-        app.metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(RESET.into(), "earliest".into());
+        let app = asking_reset(app(3), "earliest");
         let pods = uids(&["orders-0", "orders-1", "orders-2"]);
         let kafka = seen(3);
         let observed = observed(&pods, &kafka, Some(3));
@@ -216,11 +212,7 @@ mod tests {
 
     #[test]
     fn a_finished_reset_of_the_same_request_is_not_run_again() {
-        let mut app = app(1);
-        app.metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(RESET.into(), "earliest".into());
+        let mut app = asking_reset(app(1), "earliest");
         app.status = Some(StreamAppStatus {
             reset: Some(ResetStatus {
                 request: "earliest".into(),
@@ -237,6 +229,15 @@ mod tests {
         let observed = observed(&pods, &kafka, Some(1));
         let plan = plan(&app, &observed, now());
         assert_eq!((plan.replicas, plan.requeue), (1, REQUEUE));
+    }
+
+    /// `app` with the reset annotation asking for `request`.
+    fn asking_reset(mut app: StreamApp, request: &str) -> StreamApp {
+        app.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(RESET.into(), request.into());
+        app
     }
 
     /// A report whose pod holds `partitions` as the active task.
