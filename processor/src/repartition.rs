@@ -239,7 +239,9 @@ pub fn still_to_purge(
 
 impl Purger {
     pub fn start(client: &ClientConfig, topic: &str) -> Result<Purger, rdkafka::error::KafkaError> {
-        let admin: AdminClient<DefaultClientContext> = client.create()?;
+        // The first client is made here so that a bad configuration fails the start.
+        let first: AdminClient<DefaultClientContext> = client.create()?;
+        let client = client.clone();
         let (tx, rx) = mpsc::channel::<BTreeMap<i32, i64>>();
         let topic = topic.to_string();
         let purged = Arc::new(Mutex::new(BTreeMap::new()));
@@ -252,23 +254,36 @@ impl Purger {
                     .build()
                     .expect("purge runtime");
                 let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+                let mut admin = Some(first);
                 // Ends when the engine (the sender) goes.
                 while let Ok(mut offsets) = rx.recv() {
                     // Only the newest request matters.
                     while let Ok(newer) = rx.try_recv() {
                         offsets.extend(newer);
                     }
+                    let client_now = match admin.take() {
+                        Some(a) => a,
+                        None => match client.create() {
+                            Ok(a) => a,
+                            Err(e) => {
+                                warn!(topic = %topic, error = %e, "no admin client to purge the repartition topic; it is asked for again at the next interval");
+                                continue;
+                            }
+                        },
+                    };
                     let mut tpl = TopicPartitionList::new();
                     for (&p, &o) in &offsets {
                         tpl.add_partition_offset(&topic, p, rdkafka::Offset::Offset(o))
                             .expect("valid offset");
                     }
-                    match runtime.block_on(admin.delete_records(&tpl, &options)) {
+                    let mut failed = false;
+                    match runtime.block_on(client_now.delete_records(&tpl, &options)) {
                         Ok(result) => {
                             let mut confirmed = confirmed.lock().expect("purged offsets");
                             for e in result.elements() {
                                 match e.error() {
                                     Err(err) => {
+                                        failed = true;
                                         warn!(topic = %topic, partition = e.partition(), error = %err, "purging the repartition topic failed; it is asked for again at the next interval");
                                     }
                                     Ok(()) => {
@@ -281,8 +296,15 @@ impl Purger {
                             debug!(topic = %topic, ?offsets, "purged the repartition topic");
                         }
                         Err(e) => {
-                            warn!(topic = %topic, error = %e, "purging the repartition topic failed")
+                            failed = true;
+                            warn!(topic = %topic, error = %e, "purging the repartition topic failed; it is asked for again at the next interval")
                         }
+                    }
+                    // After a failure the next attempt gets a new client: one that lived
+                    // through a broker restart can keep answering from a stale view of the
+                    // partitions' leaders ("No such entry") however often it is asked.
+                    if !failed {
+                        admin = Some(client_now);
                     }
                 }
             })
