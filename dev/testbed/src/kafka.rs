@@ -438,7 +438,7 @@ fn restart_broker(signal: &str) {
 
 /// Starts the local broker with `dev/kafka.sh start` and waits until it leads every partition.
 fn start_broker() {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kafka.sh");
+    let script = crate::dev_dir().join("kafka.sh");
     let out = std::process::Command::new(&script)
         .arg("start")
         .output()
@@ -509,7 +509,7 @@ fn wait_until_leading(who: &str) {
 /// `kafka-transactions.sh describe`: its columns (`TransactionState`, `TransactionTimeoutMs`,
 /// ...) by name.
 pub fn describe_transaction(transactional_id: &str) -> std::collections::BTreeMap<String, String> {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kafka.sh");
+    let script = crate::dev_dir().join("kafka.sh");
     let out = std::process::Command::new(&script)
         .args([
             "tool",

@@ -14,6 +14,21 @@ pub mod process;
 
 use std::path::PathBuf;
 
+/// The repository's `dev/` directory, with the scripts that run the test bed.
+///
+/// Found from the crate under test (cargo sets `CARGO_MANIFEST_DIR` when it runs a test), so
+/// that a test binary built from another checkout of the same sources, which cargo may reuse,
+/// still runs this checkout's scripts; the path this crate was built at is the fallback.
+pub fn dev_dir() -> PathBuf {
+    let running = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    running
+        .iter()
+        .flat_map(|dir| dir.ancestors())
+        .map(|dir| dir.join("dev"))
+        .find(|dev| dev.join("kafka.sh").is_file())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."))
+}
+
 /// `$STREAMAPP_CACHE`, where dev/ keeps downloads and builds (default
 /// `$HOME/.cache/streamapp`).
 pub fn cache_dir() -> PathBuf {

@@ -1,7 +1,6 @@
 //! The test bed's real node (dev/node.sh): a kubelet with containerd that runs the project's
 //! image, built by dev/image.sh and imported into the node (nothing is pulled).
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -50,13 +49,9 @@ pub async fn require_ready(client: &Client) {
     );
 }
 
-fn dev_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// `ctr` against the node's containerd (namespace k8s.io), through dev/node.sh.
 pub fn ctr(args: &[&str]) -> Output {
-    Command::new(dev_dir().join("node.sh"))
+    Command::new(crate::dev_dir().join("node.sh"))
         .arg("ctr")
         .args(args)
         .output()
