@@ -1,0 +1,6 @@
+//! The end-to-end tests, in one binary: the operator installed by Helm, the example
+//! StreamApp applied with kubectl, on the real node.
+
+mod operations;
+mod plugin;
+mod real_node;
