@@ -13,15 +13,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::admin::{
-    AdminClient, AdminOptions, AlterConfig, ConfigSource, NewTopic, ResourceSpecifier,
-    TopicReplication,
-};
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ConfigSource, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::consumer::BaseConsumer;
 use tracing::{info, warn};
+
+use crate::internal_topic::{self, InternalTopic};
 
 /// The changelog's cleanup policy.
 pub const CLEANUP_POLICY: &str = "compact,delete";
@@ -57,20 +55,6 @@ impl ChangelogError {
     pub fn is_refusal(&self) -> bool {
         !matches!(self, ChangelogError::Kafka { .. })
     }
-}
-
-fn partitions(client: &BaseConsumer, topic: &str) -> Result<usize, ChangelogError> {
-    let md = client
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .map_err(|e| ChangelogError::Kafka {
-            topic: topic.into(),
-            what: format!("metadata: {e}"),
-        })?;
-    Ok(md
-        .topics()
-        .first()
-        .filter(|t| t.error().is_none())
-        .map_or(0, |t| t.partitions().len()))
 }
 
 /// The changelog's `retention.ms` for a window of `retention`.
@@ -178,7 +162,11 @@ pub async fn ensure(
         what,
     };
     let probe: BaseConsumer = client.create().map_err(|e| kafka(e.to_string()))?;
-    let input_partitions = partitions(&probe, input)?;
+    let input_partitions =
+        internal_topic::partitions(&probe, input).map_err(|what| ChangelogError::Kafka {
+            topic: input.into(),
+            what,
+        })?;
     if input_partitions == 0 {
         return Err(ChangelogError::NoInput {
             topic: input.into(),
@@ -187,42 +175,19 @@ pub async fn ensure(
     let admin: AdminClient<DefaultClientContext> =
         client.create().map_err(|e| kafka(e.to_string()))?;
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let existing = partitions(&probe, changelog)?;
-    if existing == 0 {
-        let retention_ms = retention_ms(retention);
-        let topic = NewTopic::new(
-            changelog,
-            input_partitions as i32,
-            TopicReplication::Fixed(-1),
-        )
-        .set("cleanup.policy", CLEANUP_POLICY)
-        .set("retention.ms", &retention_ms)
-        .set("retention.bytes", "-1");
-        let result = admin
-            .create_topics([&topic], &options)
-            .await
-            .map_err(|e| kafka(e.to_string()))?;
-        for r in result {
-            match r {
-                Ok(_) => info!(
-                    topic = changelog,
-                    partitions = input_partitions,
-                    "created the changelog topic"
-                ),
-                // Another replica created it first: validate below.
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((_, code)) => return Err(kafka(format!("creating: {code}"))),
-            }
-        }
-        // Metadata may lag creation a little.
-        for _ in 0..50 {
-            if partitions(&probe, changelog)? > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    let changelog_partitions = partitions(&probe, changelog)?;
+    let topic = InternalTopic {
+        role: "changelog",
+        name: changelog,
+        partitions: input_partitions,
+        configs: &[
+            ("cleanup.policy", CLEANUP_POLICY.to_string()),
+            ("retention.ms", retention_ms(retention)),
+            ("retention.bytes", "-1".to_string()),
+        ],
+    };
+    let changelog_partitions = internal_topic::ensure_exists(&probe, &admin, &options, &topic)
+        .await
+        .map_err(kafka)?;
     if changelog_partitions != input_partitions {
         return Err(ChangelogError::PartitionMismatch {
             changelog: changelog.into(),

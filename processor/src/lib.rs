@@ -9,6 +9,7 @@ pub mod group;
 pub mod health_file;
 pub mod http;
 pub mod inspect;
+pub mod internal_topic;
 pub mod json_pointer;
 pub mod kafka_errors;
 pub mod lifecycle;

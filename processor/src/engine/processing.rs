@@ -9,18 +9,18 @@
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer};
 use streamapp_api::health::DeadLetterNote;
 use tracing::warn;
 
+use super::consumed::Consumed;
 use super::delivery::{Origin, ProduceError};
 use super::{Engine, EngineError, GroupConsumer, OpenTxn, Stage};
 use crate::faults::FAULT_HEADER;
 use crate::kafka_errors::{ProduceFailure, classify_produce};
 use crate::lifecycle::Event;
 use crate::record_attempts::{FailureKind, Failures, RecordAttempts, Verdict};
-use crate::repartition;
 use crate::shared::now_ms;
 use crate::store::StoreError;
 use crate::topology::{self, RecordView, Rejection};
@@ -496,97 +496,4 @@ pub(super) struct Outgoing<'a> {
     /// The record's time (the input record's, carried to what is derived from it); `None`:
     /// the producer's clock.
     pub timestamp: Option<i64>,
-}
-
-/// A consumed record as the stages see it. A record of the repartition topic stands for the
-/// input record it carries: its original key and source, its headers without the route
-/// stage's own, and its id (the repartition record's key).
-pub(super) struct Consumed<'a> {
-    pub stage: Stage,
-    pub partition: i32,
-    pub offset: i64,
-    /// The dedup id, when the record carries it as its key (a repartition record).
-    pub id: Option<&'a [u8]>,
-    pub key: Option<&'a [u8]>,
-    pub value: Option<&'a [u8]>,
-    headers: Option<&'a BorrowedHeaders>,
-    /// The record's time (the producer's clock when it has none).
-    pub time: i64,
-    topic: &'a str,
-    /// `topic/partition/offset` of the input record, as a repartition record carries it.
-    carried_source: Option<&'a str>,
-}
-
-impl<'a> Consumed<'a> {
-    pub fn of(m: &'a BorrowedMessage<'a>, stage: Stage, repartitioning: bool) -> Self {
-        let headers = m.headers();
-        let find = |name: &str| headers.and_then(|h| h.iter().find(|x| x.key == name));
-        let repartitioned = repartitioning && stage == Stage::Dedup;
-        let (id, key, carried_source) = if repartitioned {
-            (
-                m.key(),
-                find(repartition::KEY_HEADER).and_then(|h| h.value),
-                find(repartition::SOURCE_HEADER).and_then(|h| std::str::from_utf8(h.value?).ok()),
-            )
-        } else {
-            (None, m.key(), None)
-        };
-        Consumed {
-            stage,
-            partition: m.partition(),
-            offset: m.offset(),
-            id,
-            key,
-            value: m.payload(),
-            headers,
-            time: m.timestamp().to_millis().unwrap_or_else(now_ms),
-            topic: m.topic(),
-            carried_source,
-        }
-    }
-
-    /// `topic/partition/offset` of the input record (built when asked for: a dead letter, a
-    /// repartition record).
-    pub fn source(&self) -> String {
-        match self.carried_source {
-            Some(s) => s.to_string(),
-            None => format!("{}/{}/{}", self.topic, self.partition, self.offset),
-        }
-    }
-
-    pub fn origin(&self) -> Origin {
-        Origin {
-            stage: self.stage,
-            partition: self.partition,
-            offset: self.offset,
-        }
-    }
-
-    /// The value of the header `name` (the first one of that name).
-    pub fn header(&self, name: &str) -> Option<&'a [u8]> {
-        self.headers?.iter().find(|h| h.key == name)?.value
-    }
-
-    /// The record's headers, without the route stage's own. An input record that carries
-    /// headers named like them (a producer's, or a record copied from a repartition topic)
-    /// loses them too: the route stage's must be the only ones, or the dedup stage would take
-    /// such a header for the record's original key or source.
-    pub fn copy_headers(&self) -> OwnedHeaders {
-        let mut out = OwnedHeaders::new();
-        if let Some(h) = self.headers {
-            for header in h.iter() {
-                if !header.key.starts_with(repartition::HEADER_PREFIX) {
-                    out = out.insert(header);
-                }
-            }
-        }
-        out
-    }
-
-    fn headers_with_id(&self, id: &[u8]) -> OwnedHeaders {
-        self.copy_headers().insert(Header {
-            key: topology::DEDUP_ID_HEADER,
-            value: Some(id),
-        })
-    }
 }

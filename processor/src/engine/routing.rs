@@ -6,7 +6,8 @@
 use rdkafka::message::Header;
 
 use super::Engine;
-use super::processing::{Consumed, Outgoing, RecordError};
+use super::consumed::Consumed;
+use super::processing::{Outgoing, RecordError};
 use crate::repartition;
 
 impl Engine {

@@ -3,12 +3,13 @@
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::types::RDKafkaErrorCode;
-use tracing::{info, warn};
+use rdkafka::consumer::BaseConsumer;
+use tracing::warn;
+
+use crate::internal_topic::{self, InternalTopic};
 
 /// How long the repartition topic keeps records the dedup stage has not purged: a bound for
 /// the disk if purging stops (as Kafka Streams' purge, it normally removes records seconds
@@ -64,51 +65,24 @@ pub async fn ensure(
         what,
     };
     let probe: BaseConsumer = client.create().map_err(|e| kafka(e.to_string()))?;
-    let partitions = |probe: &BaseConsumer| -> Result<usize, RepartitionTopicError> {
-        let md = probe
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .map_err(|e| kafka(format!("metadata: {e}")))?;
-        Ok(md
-            .topics()
-            .first()
-            .filter(|t| t.error().is_none())
-            .map_or(0, |t| t.partitions().len()))
-    };
     let admin: AdminClient<DefaultClientContext> =
         client.create().map_err(|e| kafka(e.to_string()))?;
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    if partitions(&probe)? == 0 {
-        let retention = RETENTION.as_millis().to_string();
-        let segment = SEGMENT_BYTES.to_string();
-        let new = NewTopic::new(topic, input_partitions as i32, TopicReplication::Fixed(-1))
-            .set("cleanup.policy", "delete")
-            .set("retention.ms", &retention)
-            .set("retention.bytes", "-1")
-            .set("segment.bytes", &segment)
-            .set("message.timestamp.type", "CreateTime");
-        for r in admin
-            .create_topics([&new], &options)
-            .await
-            .map_err(|e| kafka(e.to_string()))?
-        {
-            match r {
-                Ok(_) => info!(
-                    topic,
-                    partitions = input_partitions,
-                    "created the repartition topic"
-                ),
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((_, code)) => return Err(kafka(format!("creating: {code}"))),
-            }
-        }
-        for _ in 0..50 {
-            if partitions(&probe)? > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    let found = partitions(&probe)?;
+    let wanted = InternalTopic {
+        role: "repartition",
+        name: topic,
+        partitions: input_partitions,
+        configs: &[
+            ("cleanup.policy", "delete".to_string()),
+            ("retention.ms", RETENTION.as_millis().to_string()),
+            ("retention.bytes", "-1".to_string()),
+            ("segment.bytes", SEGMENT_BYTES.to_string()),
+            ("message.timestamp.type", "CreateTime".to_string()),
+        ],
+    };
+    let found = internal_topic::ensure_exists(&probe, &admin, &options, &wanted)
+        .await
+        .map_err(kafka)?;
     if found != input_partitions {
         return Err(RepartitionTopicError::PartitionMismatch {
             topic: topic.into(),

@@ -1,0 +1,206 @@
+//! What an engine tells the rest of the process and the outside: the tasks in the health
+//! report (store sizes, WAL files, states, changelog ends), readiness, and the per-thread
+//! shares of the metrics (assigned tasks, back-offs, memtables, stage lag).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use streamapp_api::health::{ProcessorPhase, StoreUnavailable};
+use streamapp_api::state_volume::wal_files;
+
+use super::{Engine, GroupConsumer};
+use crate::lifecycle::Phase;
+use crate::metrics::{GaugeShare, Metrics};
+use crate::shared::now_ms;
+use crate::store::MemoryRole;
+
+/// An engine's parts of the gauges that count for the whole process (see [`GaugeShare`]).
+pub(super) struct ThreadGauges {
+    assigned: GaugeShare,
+    backing_off: BTreeMap<StoreUnavailable, GaugeShare>,
+    stage_lag: BTreeMap<&'static str, GaugeShare>,
+}
+
+impl ThreadGauges {
+    pub(super) fn new(metrics: &Metrics) -> Self {
+        ThreadGauges {
+            assigned: GaugeShare::new(metrics.assigned_tasks.clone()),
+            backing_off: BTreeMap::new(),
+            stage_lag: BTreeMap::new(),
+        }
+    }
+
+    fn backing_off(&mut self, metrics: &Metrics, kind: StoreUnavailable) -> &mut GaugeShare {
+        self.backing_off.entry(kind).or_insert_with(|| {
+            GaugeShare::new(
+                metrics
+                    .tasks_backing_off
+                    .get_or_create(&Metrics::kind(kind))
+                    .clone(),
+            )
+        })
+    }
+
+    fn stage_lag(&mut self, metrics: &Metrics, stage: &'static str) -> &mut GaugeShare {
+        self.stage_lag.entry(stage).or_insert_with(|| {
+            GaugeShare::new(
+                metrics
+                    .stage_lag
+                    .get_or_create(&Metrics::stage(stage))
+                    .clone(),
+            )
+        })
+    }
+}
+
+impl Engine {
+    /// Refreshes the tasks in the health report (store sizes, WAL files, states).
+    pub(super) fn publish_tasks(&mut self, force: bool) {
+        self.last_publish = Instant::now();
+        let mut reports = Vec::new();
+        let mut backing_off: BTreeMap<StoreUnavailable, i64> = BTreeMap::new();
+        let now = now_ms();
+        for (role, label) in [
+            (MemoryRole::Active, "active"),
+            (MemoryRole::Standby, "standby"),
+        ] {
+            let label = Metrics::role(label);
+            let used = self.memory.memtable_bytes(role) as i64;
+            let budget = self.memory.memtable_budget(role) as i64;
+            self.metrics.memtable_bytes.get_or_create(&label).set(used);
+            self.metrics
+                .memtable_budget_bytes
+                .get_or_create(&label)
+                .set(budget);
+        }
+        // Only the copies kept now have a series: a promoted or closed one drops out.
+        self.metrics.standby_lag.clear();
+        for task in self.tasks.values_mut() {
+            let Some(state) = task.lifecycle.state() else {
+                continue; // suspended: not ours
+            };
+            task.health.state = Some(state);
+            task.health.opened = task.lifecycle.opened();
+            task.health.backoff = task.lifecycle.backoff().cloned();
+            if let Some(b) = &task.health.backoff {
+                *backing_off.entry(b.kind).or_default() += 1;
+            }
+            let label = Metrics::partition(task.partition);
+            if let Some(store) = &task.store {
+                task.health.store_keys = store.estimated_keys();
+                task.health.store_bytes = store.sst_bytes();
+                task.health.wal = wal_files(store.wal_dir()).at(now);
+                task.health.store_changelog_offset = store.meta().changelog_offset;
+            }
+            if task.is(&Phase::Standby) {
+                // Its store is with the state updater: the offset comes from its reports.
+                let lag = task
+                    .health
+                    .changelog_end_offset
+                    .zip(task.health.store_changelog_offset)
+                    .map_or(0, |(end, at)| (end - at).max(0));
+                self.metrics.standby_lag.get_or_create(&label).set(lag);
+            }
+            self.metrics
+                .store_keys
+                .get_or_create(&label)
+                .set(task.health.store_keys as i64);
+            self.metrics
+                .store_bytes
+                .get_or_create(&label)
+                .set(task.health.store_bytes as i64);
+            self.metrics
+                .wal_bytes
+                .get_or_create(&label)
+                .set(task.health.wal.bytes as i64);
+            task.health.quarantines = self
+                .quarantines
+                .get(&task.partition)
+                .cloned()
+                .unwrap_or_default();
+            reports.push(task.health.clone());
+        }
+        for kind in [
+            StoreUnavailable::DiskFull,
+            StoreUnavailable::Locked,
+            StoreUnavailable::Io,
+            StoreUnavailable::Incompatible,
+            StoreUnavailable::RepeatedDamage,
+        ] {
+            self.gauges
+                .backing_off(&self.metrics, kind)
+                .set(backing_off.get(&kind).copied().unwrap_or(0));
+        }
+        self.gauges.assigned.set(reports.len() as i64);
+        self.shared.set_tasks(self.cfg.thread, force, reports);
+        self.report_to_group();
+    }
+
+    /// Readiness from the tasks (see [`crate::probes::readiness`]).
+    pub(super) fn refresh_readiness(&self) {
+        let facts = crate::probes::ReadinessFacts {
+            assigned: self.assigned,
+            draining: self.draining || self.stopped,
+            tasks: self
+                .tasks
+                .values()
+                .filter_map(|t| Some((t.partition, t.lifecycle.state()?, t.lifecycle.backoff())))
+                .collect(),
+        };
+        let readiness = crate::probes::readiness(&facts);
+        let process_ready = self.shared.set_readiness(self.cfg.thread, readiness);
+        if process_ready
+            && matches!(
+                self.shared.phase(),
+                ProcessorPhase::Starting | ProcessorPhase::Restoring
+            )
+        {
+            self.shared.set_phase(ProcessorPhase::Running);
+        }
+    }
+
+    /// Looks up the changelog end of every task for the health report (a broker round trip
+    /// per task: done on a slow timer by the loop).
+    pub fn refresh_changelog_ends(&mut self) {
+        for task in self.tasks.values_mut() {
+            // A standby's store is with the state updater, which reports its offset.
+            let offset = match &task.store {
+                Some(store) => store.meta().changelog_offset,
+                None if task.is(&Phase::Standby) => task.health.store_changelog_offset,
+                None => continue,
+            };
+            if let Ok(end) = self.changelog_ends.end_offset(task.partition) {
+                // Right after our own commit the log ends with its marker, which holds no
+                // data: the store is caught up, not one record behind.
+                let caught_up = task.at_commit_marker && offset == Some(end - 1);
+                task.health.changelog_end_offset = Some(if caught_up { end - 1 } else { end });
+            }
+        }
+    }
+
+    /// Sets the lag of each stage on the partitions this process owns (end offsets minus
+    /// positions; a broker round trip per partition: done on a slow timer by the loop).
+    pub fn refresh_lag(&mut self, consumer: &GroupConsumer) {
+        let timeout = Duration::from_secs(2);
+        let lag = |topic: &str, p: i32, position: Option<i64>| -> i64 {
+            consumer
+                .fetch_watermarks(topic, p, timeout)
+                .map_or(0, |(low, high)| (high - position.unwrap_or(low)).max(0))
+        };
+        let dedup: i64 = self
+            .tasks
+            .values()
+            .map(|t| lag(self.cfg.dedup_input(), t.partition, t.position))
+            .sum();
+        self.gauges.stage_lag(&self.metrics, "dedup").set(dedup);
+        if self.cfg.repartition_topic.is_some() {
+            let route: i64 = self
+                .routes
+                .iter()
+                .map(|(&p, r)| lag(&self.cfg.topology.input_topic, p, r.position))
+                .sum();
+            self.gauges.stage_lag(&self.metrics, "route").set(route);
+        }
+    }
+}
