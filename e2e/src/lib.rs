@@ -43,8 +43,9 @@ pub struct Scenario {
     ns: TestNamespace,
 }
 
+/// The repository, found like the test bed's scripts (from the crate under test at run time).
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    testbed::dev_dir().join("..")
 }
 
 impl Scenario {
