@@ -22,6 +22,7 @@ pub mod restore;
 pub mod shared;
 pub mod state_updater;
 pub mod store;
+pub mod task_position;
 pub mod topics;
 pub mod topology;
 pub mod txn_coordinator;

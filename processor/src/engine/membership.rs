@@ -19,7 +19,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tracing::{info, warn};
 
-use super::{Engine, EngineConfig, EngineError, RouteTask, Task, default_property};
+use super::{Engine, EngineConfig, EngineError, Task, default_property};
 use crate::lifecycle::Event;
 
 /// Consumer callbacks: the group's assignment changes go to the engine.
@@ -132,14 +132,11 @@ impl Engine {
     pub(super) fn on_assigned(&mut self, consumer: &GroupConsumer, share: Share) {
         info!(active = ?share.active, standby = ?share.standby, routes = ?share.routes, "tasks assigned");
         self.assigned = true;
-        self.routes = share
-            .routes
-            .iter()
-            .map(|&p| (p, RouteTask::default()))
-            .collect();
+        self.routes.assign(&share.routes);
         // Stores of revoked tasks that did not come back, and standbys no longer kept here, are
         // closed now (with a checkpoint).
         let gone: Vec<i32> = self
+            .dedup
             .tasks
             .keys()
             .copied()
@@ -148,14 +145,14 @@ impl Engine {
         for p in gone {
             self.on_task_event(p, Event::NotReassigned);
             self.forget_task(p);
-            self.attempts.forget_partition(p);
+            self.dedup.attempts.forget_partition(p);
         }
         for &p in &share.active {
-            self.tasks.entry(p).or_insert_with(|| Task::new(p));
+            self.dedup.tasks.entry(p).or_insert_with(|| Task::new(p));
             self.on_task_event(p, Event::Assigned);
         }
         for (&p, &warm_up) in &share.standby {
-            self.tasks.entry(p).or_insert_with(|| Task::new(p));
+            self.dedup.tasks.entry(p).or_insert_with(|| Task::new(p));
             self.on_task_event(p, Event::AssignedStandby { warm_up });
         }
         // Only active tasks are consumed from; the new ones join once restored.
@@ -165,7 +162,7 @@ impl Engine {
     }
 
     pub(super) fn on_revoked(&mut self, consumer: &GroupConsumer, lost: bool) {
-        info!(lost, tasks = self.tasks.len(), "partitions revoked");
+        info!(lost, tasks = self.dedup.tasks.len(), "partitions revoked");
         if self.stopped {
             // Drained (stores closed) or stopped on an error: only let go.
             let _ = consumer.unassign();
@@ -176,13 +173,11 @@ impl Engine {
         } else if let Err(e) = self.commit(consumer) {
             self.pending_error = Some(e);
         }
-        let partitions: Vec<i32> = self.tasks.keys().copied().collect();
+        let partitions: Vec<i32> = self.dedup.tasks.keys().copied().collect();
         for p in partitions {
             self.on_task_event(p, Event::Revoked);
         }
-        self.routes.clear();
-        self.route_attempts =
-            crate::record_attempts::RecordAttempts::new(self.cfg.topology.max_record_attempts);
+        self.routes.revoke();
         let _ = consumer.unassign();
         self.assigned = false;
         self.faults.after_revoke();
@@ -217,13 +212,13 @@ impl Engine {
     /// every assignment says which it is.
     pub(super) fn reassign(&mut self, consumer: &GroupConsumer) {
         let mut tpl = TopicPartitionList::new();
-        for task in self.tasks.values().filter(|t| t.active()) {
-            let offset = task.position.map_or(Offset::Beginning, Offset::Offset);
-            tpl.add_partition_offset(self.cfg.dedup_input(), task.partition, offset)
+        for (p, next) in self.dedup.consumed() {
+            let offset = next.map_or(Offset::Beginning, Offset::Offset);
+            tpl.add_partition_offset(self.cfg.dedup_input(), p, offset)
                 .expect("valid partition");
         }
-        for (&p, route) in self.routes.iter().filter(|(_, r)| r.active) {
-            let offset = route.position.map_or(Offset::Beginning, Offset::Offset);
+        for (p, next) in self.routes.consumed() {
+            let offset = next.map_or(Offset::Beginning, Offset::Offset);
             tpl.add_partition_offset(&self.cfg.topology.input_topic, p, offset)
                 .expect("valid partition");
         }
@@ -247,27 +242,13 @@ impl Engine {
     /// Moves the active tasks (and route tasks) back to their committed positions after an
     /// abort.
     pub(super) fn rewind(&mut self, consumer: &GroupConsumer) {
-        for route in self.routes.values_mut() {
-            if std::mem::take(&mut route.dirty) {
-                route.position = route.committed;
-            }
-        }
-        for task in self.tasks.values_mut() {
-            task.staged.clear();
-            if task.dirty {
-                task.position = task.committed;
-                task.dirty = false;
-                if task.active() {
-                    let offset = task.committed.map_or(Offset::Beginning, Offset::Offset);
-                    if let Err(e) = consumer.seek(
-                        self.cfg.dedup_input(),
-                        task.partition,
-                        offset,
-                        Duration::from_secs(10),
-                    ) {
-                        warn!(partition = task.partition, error = %e, "seek after abort failed; reassigning");
-                    }
-                }
+        self.routes.rewind();
+        for (p, committed) in self.dedup.rewind() {
+            let offset = committed.map_or(Offset::Beginning, Offset::Offset);
+            if let Err(e) =
+                consumer.seek(self.cfg.dedup_input(), p, offset, Duration::from_secs(10))
+            {
+                warn!(partition = p, error = %e, "seek after abort failed; reassigning");
             }
         }
         // Reassigning with the committed positions rewinds even where a seek failed.

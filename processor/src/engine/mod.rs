@@ -21,9 +21,15 @@
 //! `transaction.timeout.ms`).
 //!
 //! With repartitioning ([`crate::repartition`]) the consumer reads two topics: the input, whose
-//! partitions are tasks of the stateless route stage ([`RouteTask`]: an id and a send, no
+//! partitions are tasks of the stateless route stage ([`RouteStage`]: an id and a send, no
 //! store), and the repartition topic, whose partitions are the dedup tasks above. One
 //! transaction carries both stages' offsets and records.
+//!
+//! The engine holds four roles and drives them: the transaction ([`transaction`]), the dedup
+//! stage ([`dedup`]), the route stage ([`RouteStage`]) and the health and metrics reports
+//! ([`reporting`]). A commit reads as: ask the stages for their offsets, commit, tell them
+//! ([`commit`]). A record's way from poll to commit: [`consumed`] (what it is), [`processing`]
+//! or [`routing`] (what it becomes, sent in the transaction), [`commit`].
 //!
 //! The work is split by concern:
 //! - [`membership`]: the rebalance callbacks, and the revoke and assignment steps both
@@ -32,13 +38,18 @@
 //!   when `group.standbyReplicas` is 1 or more;
 //! - [`tasks`]: carrying out the lifecycle's commands (open, restore and close through the
 //!   [`crate::state_updater`] threads, activate, back off, quarantine, checkpoints);
+//! - [`dedup`]: the dedup stage's tasks, their offsets to commit, what a commit or an abort
+//!   does to them;
 //! - [`processing`]: one record of the dedup stage inside the open transaction, dead letters;
 //! - [`routing`]: one record of the route stage (repartitioning only);
-//! - [`transaction`]: begin, commit, abort, the producer and its failures;
+//! - [`transaction`]: the producer and the open transaction: begin, send, commit, abort;
+//! - [`commit`]: ending a transaction, and what its failures lead to;
 //! - [`delivery`]: the producer's delivery reports;
 //! - [`verification`]: background checksum scans of the stores and what they find.
 
+mod commit;
 mod consumed;
+mod dedup;
 mod delivery;
 mod membership;
 mod processing;
@@ -56,21 +67,21 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::BaseProducer;
 use streamapp_api::config::{GroupTiming, ResolvedConfig, ResolvedRocksDb, ResolvedTopology};
-use streamapp_api::health::{DeadLetterNote, ProcessorPhase, Quarantine, TaskHealth};
+use streamapp_api::health::{ProcessorPhase, Quarantine};
 use tracing::info;
 
 use crate::faults::Faults;
-use crate::lifecycle::{Event, Lifecycle, Phase};
+use crate::lifecycle::{Event, Phase};
 use crate::metrics::Metrics;
-use crate::record_attempts::RecordAttempts;
-use crate::repartition::Purger;
+use crate::repartition::{Purger, RouteStage};
 use crate::restore::ChangelogEnds;
 use crate::shared::{DrainOutcome, Shared};
 use crate::state_updater::{StateUpdater, StoreOpener};
-use crate::store::{SharedMemory, Staged, TaskStore, Verifier, Window};
+use crate::store::{SharedMemory, Verifier, Window};
+use dedup::{DedupStage, Task};
 use reporting::ThreadGauges;
+use transaction::Transaction;
 
 pub use delivery::{DeliveryTracker, Origin, await_deliveries};
 pub use membership::{GroupConsumer, GroupContext, bound_consumer_buffer};
@@ -220,79 +231,11 @@ impl EngineConfig {
     }
 }
 
-/// One task: its lifecycle and what the engine holds for it.
-struct Task {
-    partition: i32,
-    lifecycle: Lifecycle,
-    /// The open store, unless the state updater holds it (see `Engine::in_updater`).
-    store: Option<TaskStore>,
-    /// Which store is open for the task ([`TaskStore::id`]), wherever it is.
-    store_id: Option<u64>,
-    staged: Staged,
-    /// Next input offset to process (the consumer position as the engine sees it).
-    position: Option<i64>,
-    /// Next input offset as of the last committed transaction.
-    committed: Option<i64>,
-    /// The open transaction processed records of this task.
-    dirty: bool,
-    /// The store's changelog offset is the offset of our own last commit marker (the store
-    /// reflects everything before it; the marker holds no data).
-    at_commit_marker: bool,
-    health: TaskHealth,
-    restore_started: Option<Instant>,
-    /// When the open store's next periodic verification is due.
-    verify_due: Option<Instant>,
-}
-
-impl Task {
-    fn new(partition: i32) -> Self {
-        Task {
-            partition,
-            lifecycle: Lifecycle::default(),
-            store: None,
-            store_id: None,
-            staged: Staged::default(),
-            position: None,
-            committed: None,
-            dirty: false,
-            at_commit_marker: false,
-            health: TaskHealth {
-                partition,
-                ..Default::default()
-            },
-            restore_started: None,
-            verify_due: None,
-        }
-    }
-
-    fn is(&self, phase: &Phase) -> bool {
-        std::mem::discriminant(&self.lifecycle.phase) == std::mem::discriminant(phase)
-    }
-
-    fn active(&self) -> bool {
-        self.lifecycle.phase == Phase::Active
-    }
-}
-
-/// A task of the route stage: one input partition whose records go to the repartition topic.
-/// It has no state, so it is consumed from as soon as its committed offset is known.
-#[derive(Default)]
-struct RouteTask {
-    /// Its committed offset was fetched and the consumer reads it.
-    active: bool,
-    /// Next input offset to route.
-    position: Option<i64>,
-    /// Next input offset as of the last committed transaction.
-    committed: Option<i64>,
-    /// The open transaction routed records of this task.
-    dirty: bool,
-}
-
 impl Drop for Engine {
     /// Closes the stores still open (dropping them, and those the state updater has), then
     /// lets the other processing threads have their directories.
     fn drop(&mut self) {
-        self.tasks.clear();
+        self.dedup.tasks.clear();
         // The store thread finishes what it opens or closes first.
         self.updater.shutdown();
         self.shared.release_stores(self.cfg.thread);
@@ -308,29 +251,16 @@ pub enum Stage {
     Dedup,
 }
 
-/// The open transaction.
-struct OpenTxn {
-    started: Instant,
-    /// Dead letters in it, counted once it commits.
-    dead_letters: Vec<DeadLetterNote>,
-    /// Records whose key is not their id (`check_keying`), counted once it commits.
-    miskeyed: u64,
-}
-
 /// The processing state of one process. Lives behind a mutex shared with the consumer's
 /// rebalance callback, which runs inside `poll` on the same thread.
 pub struct Engine {
     cfg: EngineConfig,
-    producer: BaseProducer<DeliveryTracker>,
-    tasks: BTreeMap<i32, Task>,
-    /// The route stage's tasks (repartitioning only), by input partition.
-    routes: BTreeMap<i32, RouteTask>,
-    txn: Option<OpenTxn>,
-    /// Counts aborts: a record fetched before one is not processed (it comes again).
-    aborts: u64,
-    attempts: RecordAttempts,
-    /// Failed attempts of the route stage's records (their offsets are input offsets).
-    route_attempts: RecordAttempts,
+    /// The producer and the open transaction.
+    txn: Transaction,
+    /// The dedup stage: its tasks, their stores, its records' failed attempts.
+    dedup: DedupStage,
+    /// The route stage (repartitioning only): its tasks by input partition.
+    routes: RouteStage,
     /// Restores the stores of tasks that are not active yet, on a thread of its own.
     updater: StateUpdater,
     /// Partitions whose store the updater holds.
@@ -383,7 +313,7 @@ impl Engine {
         faults: Faults,
     ) -> Result<(Arc<Mutex<Engine>>, GroupConsumer), EngineError> {
         let fatal = |what: &str, e: KafkaError| EngineError::Fatal(format!("{what}: {e}"));
-        let producer = transaction::new_producer(&cfg, &shared)?;
+        let txn = Transaction::start(&cfg, shared.clone(), metrics.clone())?;
         let opener = StoreOpener {
             state: shared.state_dir.clone(),
             rocksdb: cfg.rocksdb.clone(),
@@ -419,14 +349,10 @@ impl Engine {
             )?),
         };
         let engine = Arc::new(Mutex::new(Engine {
-            attempts: RecordAttempts::new(cfg.topology.max_record_attempts),
-            route_attempts: RecordAttempts::new(cfg.topology.max_record_attempts),
+            dedup: DedupStage::new(cfg.topology.max_record_attempts),
+            routes: RouteStage::new(cfg.topology.max_record_attempts),
             cfg: cfg.clone(),
-            producer,
-            tasks: BTreeMap::new(),
-            routes: BTreeMap::new(),
-            txn: None,
-            aborts: 0,
+            txn,
             updater,
             in_updater: BTreeSet::new(),
             store_io: BTreeSet::new(),
@@ -469,19 +395,19 @@ impl Engine {
             return Err(e);
         }
         self.take_group_events(consumer)?;
-        self.producer.poll(Duration::ZERO);
+        self.txn.poll();
         self.end_backoffs();
         self.open_next();
         self.restore_step()?;
-        if self.tasks.values().any(|t| t.is(&Phase::Restored))
-            || self.routes.values().any(|r| !r.active)
+        if self.dedup.tasks.values().any(|t| t.is(&Phase::Restored))
+            || !self.routes.waiting().is_empty()
         {
             self.activate_restored(consumer)?;
         }
         if self
             .txn
-            .as_ref()
-            .is_some_and(|t| t.started.elapsed() >= self.cfg.topology.commit_interval)
+            .age()
+            .is_some_and(|age| age >= self.cfg.topology.commit_interval)
         {
             self.commit(consumer)?;
         }
@@ -515,12 +441,7 @@ impl Engine {
             return;
         }
         self.last_purge = Instant::now();
-        let committed: BTreeMap<i32, i64> = self
-            .tasks
-            .values()
-            .filter_map(|t| Some((t.partition, t.committed?)))
-            .collect();
-        purger.purge(&committed);
+        purger.purge(&self.dedup.committed_offsets());
     }
 
     // ---- drain and health ----------------------------------------------------------------
@@ -540,9 +461,9 @@ impl Engine {
         self.settle_store_io(DRAIN_SETTLE_TIMEOUT);
         // The report keeps the tasks' final offsets; closing takes them out of the engine.
         self.publish_tasks(true);
-        self.routes.clear();
+        self.routes.stop();
         let mut failures = Vec::new();
-        let partitions: Vec<i32> = self.tasks.keys().copied().collect();
+        let partitions: Vec<i32> = self.dedup.tasks.keys().copied().collect();
         for p in partitions {
             if let Some(e) = self.on_task_event(p, Event::Drain) {
                 failures.push(format!("closing the store of partition {p}: {e}"));

@@ -6,19 +6,15 @@
 //! `topology.maxRecordAttempts` failed attempts it becomes a dead letter: see
 //! [`crate::record_attempts`].
 
-use std::time::{Duration, Instant};
-
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer};
 use streamapp_api::health::DeadLetterNote;
 use tracing::warn;
 
 use super::consumed::Consumed;
 use super::delivery::{Origin, ProduceError};
-use super::{Engine, EngineError, GroupConsumer, OpenTxn, Stage};
+use super::transaction::Outgoing;
+use super::{Engine, EngineError, GroupConsumer, Stage};
 use crate::faults::FAULT_HEADER;
-use crate::kafka_errors::{ProduceFailure, classify_produce};
 use crate::lifecycle::Event;
 use crate::record_attempts::{FailureKind, Failures, RecordAttempts, Verdict};
 use crate::shared::now_ms;
@@ -38,6 +34,12 @@ pub(super) enum RecordError {
     Store(StoreError),
 }
 
+impl From<ProduceError> for RecordError {
+    fn from(e: ProduceError) -> Self {
+        RecordError::Produce(e)
+    }
+}
+
 impl Engine {
     /// Processes one consumed record inside the open transaction: a record of the input
     /// topic goes to the route stage when the topology repartitions, everything else to the
@@ -53,18 +55,16 @@ impl Engine {
             return Ok(());
         }
         let verdict = self.attempts_of(stage).verdict(p, offset);
-        if verdict != Verdict::Process && self.txn.is_some() {
+        if verdict != Verdict::Process && self.txn.is_open() {
             // A record that failed before gets a transaction of its own: what is open now
             // commits first, so its next failure costs nothing but itself.
-            let aborts = self.aborts;
+            let aborts = self.txn.aborts();
             self.commit(consumer)?;
-            if self.aborts != aborts || !self.takes(stage, p, offset) {
+            if self.txn.aborts() != aborts || !self.takes(stage, p, offset) {
                 return Ok(()); // rewound: it comes again in order
             }
         }
-        if self.txn.is_none() {
-            self.begin()?;
-        }
+        self.txn.begin()?;
         let record = Consumed::of(m, stage, self.cfg.repartition_topic.is_some());
         if m.topic() == self.cfg.topology.input_topic {
             self.metrics.records_in.inc();
@@ -75,16 +75,8 @@ impl Engine {
             (_, Stage::Dedup) => self.process_record(p, &record),
         };
         match stage {
-            Stage::Route => {
-                let route = self.routes.get_mut(&p).expect("route exists");
-                route.position = Some(offset + 1);
-                route.dirty = true;
-            }
-            Stage::Dedup => {
-                let task = self.tasks.get_mut(&p).expect("task exists");
-                task.position = Some(offset + 1);
-                task.dirty = true;
-            }
+            Stage::Route => self.routes.processed(p, offset),
+            Stage::Dedup => self.dedup.processed(p, offset),
         }
         match outcome {
             Ok(()) if verdict == Verdict::Process => Ok(()),
@@ -119,25 +111,18 @@ impl Engine {
 
     fn attempts_of(&mut self, stage: Stage) -> &mut RecordAttempts {
         match stage {
-            Stage::Route => &mut self.route_attempts,
-            Stage::Dedup => &mut self.attempts,
+            Stage::Route => self.routes.attempts(),
+            Stage::Dedup => &mut self.dedup.attempts,
         }
     }
 
     /// Whether the record at `offset` is the next one of an active task (not one fetched
     /// before a rewind, a pause or a reassignment: those come again in order).
     fn takes(&self, stage: Stage, p: i32, offset: i64) -> bool {
-        let next = |position: Option<i64>| position.is_none_or(|pos| offset >= pos);
         self.paused_until.is_none()
             && match stage {
-                Stage::Route => self
-                    .routes
-                    .get(&p)
-                    .is_some_and(|r| r.active && next(r.position)),
-                Stage::Dedup => self
-                    .tasks
-                    .get(&p)
-                    .is_some_and(|t| t.active() && next(t.position)),
+                Stage::Route => self.routes.takes(p, offset),
+                Stage::Dedup => self.dedup.takes(p, offset),
             }
     }
 
@@ -162,61 +147,6 @@ impl Engine {
         warn!(stage = ?origin.stage, partition = origin.partition, offset = origin.offset, attempts,
             max_attempts = self.cfg.topology.max_record_attempts, kind = kind.reason(), error = %error,
             "record failed; it is tried again on its own, and dead-lettered after the last attempt");
-    }
-
-    /// Sorts out records Kafka did not take: a topic that cannot be written stops the engine,
-    /// a record's own failure counts against it, anything else is waited out. The transaction
-    /// is aborted either way.
-    pub(super) fn on_produce_errors(
-        &mut self,
-        consumer: &GroupConsumer,
-        errors: Vec<ProduceError>,
-    ) -> Result<(), EngineError> {
-        let mut charged = false;
-        let mut first = None;
-        for e in &errors {
-            let code = e.code.unwrap_or(RDKafkaErrorCode::Unknown);
-            match classify_produce(code) {
-                ProduceFailure::Topic => {
-                    self.abort(consumer, &e.message);
-                    return Err(EngineError::TopicUnusable {
-                        topic: e.topic.clone(),
-                        detail: e.message.clone(),
-                    });
-                }
-                ProduceFailure::Record => {
-                    if let Some(origin) = e.origin {
-                        let too_large = matches!(
-                            code,
-                            RDKafkaErrorCode::MessageSizeTooLarge
-                                | RDKafkaErrorCode::MessageBatchTooLarge
-                        );
-                        self.record_failed(
-                            origin,
-                            FailureKind::Produce,
-                            e.message.clone(),
-                            too_large,
-                        );
-                        charged = true;
-                    }
-                }
-                ProduceFailure::Transient => {}
-            }
-            first.get_or_insert_with(|| e.message.clone());
-        }
-        self.abort(
-            consumer,
-            first.as_deref().unwrap_or("a record could not be produced"),
-        );
-        if !charged {
-            // Nobody's fault: pause consumption a little, doubling while it lasts.
-            let delay = (Duration::from_millis(100) * 2u32.pow(self.transient_aborts.min(6)))
-                .min(Duration::from_secs(5));
-            self.transient_aborts += 1;
-            self.paused_until = Some(Instant::now() + delay);
-            self.reassign(consumer);
-        }
-        Ok(())
     }
 
     /// The record's dedup id, or why it cannot be processed: the id (the key of a repartition
@@ -266,14 +196,11 @@ impl Engine {
             Ok(id) => id,
             Err(rejection) => return self.refuse(record, &rejection),
         };
-        if self.cfg.topology.check_keying
-            && record.key != Some(id.as_slice())
-            && let Some(txn) = self.txn.as_mut()
-        {
-            txn.miskeyed += 1;
+        if self.cfg.topology.check_keying && record.key != Some(id.as_slice()) {
+            self.txn.note_miskeyed();
         }
         let origin = record.origin();
-        let task = self.tasks.get_mut(&p).expect("task exists");
+        let task = self.dedup.tasks.get_mut(&p).expect("task exists");
         let first_seen = match task.staged.puts.get(&id) {
             Some(t) => Some(*t),
             None => task
@@ -289,16 +216,16 @@ impl Engine {
             self.cfg.topology.retention.as_millis() as i64,
         ) {
             self.metrics.duplicates.inc();
-            if let Some(topic) = self.cfg.topology.duplicates_topic.clone() {
+            if let Some(topic) = &self.cfg.topology.duplicates_topic {
                 let out = Outgoing {
-                    topic: &topic,
+                    topic,
                     partition: None,
                     key: record.key,
                     value: record.value,
                     headers: record.headers_with_id(&id),
                     timestamp: Some(record.time),
                 };
-                self.send(out, origin)?;
+                self.txn.send(out, origin)?;
             }
             return Ok(());
         }
@@ -313,10 +240,9 @@ impl Engine {
         // The changelog says what the store keeps, not the record's own time: compaction
         // keeps only an id's last changelog record, and a store rebuilt from it (a new pod, a
         // standby, a quarantine) must decide as this one does.
-        let changelog = self.cfg.changelog_topic.clone();
-        self.send(
+        self.txn.send(
             Outgoing {
-                topic: &changelog,
+                topic: &self.cfg.changelog_topic,
                 partition: Some(p),
                 key: Some(&id),
                 value: Some(&kept.to_be_bytes()),
@@ -332,10 +258,9 @@ impl Engine {
                 "injected failure in the enrich stage".into(),
             ));
         }
-        let output = self.cfg.topology.output_topic.clone();
-        self.send(
+        self.txn.send(
             Outgoing {
-                topic: &output,
+                topic: &self.cfg.topology.output_topic,
                 partition: None,
                 key: record.key,
                 value: record.value,
@@ -407,15 +332,14 @@ impl Engine {
                 value: Some(&size),
             });
         }
-        let topic = self.cfg.topology.dead_letter_topic.clone();
         let (key, value) = if metadata_only {
             (None, None)
         } else {
             (record.key, record.value)
         };
-        self.send(
+        self.txn.send(
             Outgoing {
-                topic: &topic,
+                topic: &self.cfg.topology.dead_letter_topic,
                 partition: None,
                 key,
                 value,
@@ -424,76 +348,12 @@ impl Engine {
             },
             record.origin(),
         )?;
-        if let Some(txn) = self.txn.as_mut() {
-            txn.dead_letters.push(DeadLetterNote {
-                at_ms: now_ms(),
-                reason: reason.to_string(),
-                source,
-                detail: detail.to_string(),
-            });
-        }
+        self.txn.note_dead_letter(DeadLetterNote {
+            at_ms: now_ms(),
+            reason: reason.to_string(),
+            source,
+            detail: detail.to_string(),
+        });
         Ok(())
     }
-
-    pub(super) fn send(&mut self, out: Outgoing<'_>, origin: Origin) -> Result<(), RecordError> {
-        let topic = out.topic;
-        let mut record: BaseRecord<'_, [u8], [u8], Box<Origin>> =
-            BaseRecord::with_opaque_to(topic, Box::new(origin)).headers(out.headers);
-        if let Some(p) = out.partition {
-            record = record.partition(p);
-        }
-        if let Some(k) = out.key {
-            record = record.key(k);
-        }
-        if let Some(v) = out.value {
-            record = record.payload(v);
-        }
-        if let Some(t) = out.timestamp {
-            record = record.timestamp(t);
-        }
-        loop {
-            match self.producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    self.producer.poll(Duration::from_millis(50));
-                    self.shared.beat(self.cfg.thread);
-                }
-                Err((e, _)) => {
-                    return Err(RecordError::Produce(ProduceError {
-                        topic: topic.to_string(),
-                        code: e.rdkafka_error_code(),
-                        message: format!("producing to {topic}: {e}"),
-                        origin: Some(origin),
-                    }));
-                }
-            }
-        }
-    }
-
-    pub(super) fn begin(&mut self) -> Result<(), EngineError> {
-        match self.producer.begin_transaction() {
-            Ok(()) => {
-                self.txn = Some(OpenTxn {
-                    started: Instant::now(),
-                    dead_letters: Vec::new(),
-                    miskeyed: 0,
-                });
-                Ok(())
-            }
-            Err(e) => Err(self.txn_error("begin_transaction", &e, None)),
-        }
-    }
-}
-
-/// A record to produce.
-pub(super) struct Outgoing<'a> {
-    pub topic: &'a str,
-    pub partition: Option<i32>,
-    pub key: Option<&'a [u8]>,
-    pub value: Option<&'a [u8]>,
-    pub headers: OwnedHeaders,
-    /// The record's time (the input record's, carried to what is derived from it); `None`:
-    /// the producer's clock.
-    pub timestamp: Option<i64>,
 }

@@ -76,7 +76,7 @@ impl Engine {
         }
         // Only the copies kept now have a series: a promoted or closed one drops out.
         self.metrics.standby_lag.clear();
-        for task in self.tasks.values_mut() {
+        for task in self.dedup.tasks.values_mut() {
             let Some(state) = task.lifecycle.state() else {
                 continue; // suspended: not ours
             };
@@ -143,6 +143,7 @@ impl Engine {
             assigned: self.assigned,
             draining: self.draining || self.stopped,
             tasks: self
+                .dedup
                 .tasks
                 .values()
                 .filter_map(|t| Some((t.partition, t.lifecycle.state()?, t.lifecycle.backoff())))
@@ -163,7 +164,7 @@ impl Engine {
     /// Looks up the changelog end of every task for the health report (a broker round trip
     /// per task: done on a slow timer by the loop).
     pub fn refresh_changelog_ends(&mut self) {
-        for task in self.tasks.values_mut() {
+        for task in self.dedup.tasks.values_mut() {
             // A standby's store is with the state updater, which reports its offset.
             let offset = match &task.store {
                 Some(store) => store.meta().changelog_offset,
@@ -189,16 +190,17 @@ impl Engine {
                 .map_or(0, |(low, high)| (high - position.unwrap_or(low)).max(0))
         };
         let dedup: i64 = self
+            .dedup
             .tasks
             .values()
-            .map(|t| lag(self.cfg.dedup_input(), t.partition, t.position))
+            .map(|t| lag(self.cfg.dedup_input(), t.partition, t.position.next()))
             .sum();
         self.gauges.stage_lag(&self.metrics, "dedup").set(dedup);
         if self.cfg.repartition_topic.is_some() {
             let route: i64 = self
                 .routes
-                .iter()
-                .map(|(&p, r)| lag(&self.cfg.topology.input_topic, p, r.position))
+                .positions()
+                .map(|(p, next)| lag(&self.cfg.topology.input_topic, p, next))
                 .sum();
             self.gauges.stage_lag(&self.metrics, "route").set(route);
         }

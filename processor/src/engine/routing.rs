@@ -1,13 +1,12 @@
 //! The route stage of a repartitioning topology ([`crate::repartition`]): one input record
 //! inside the open transaction, written to the repartition topic keyed by its dedup id, on the
-//! partition of that id. Records without a usable id, or stamped too far ahead, become dead
-//! letters here, naming the input record.
-
-use rdkafka::message::Header;
+//! partition of that id ([`repartition::route`]). Records without a usable id, or stamped too
+//! far ahead, become dead letters here, naming the input record.
 
 use super::Engine;
 use super::consumed::Consumed;
-use super::processing::{Outgoing, RecordError};
+use super::processing::RecordError;
+use super::transaction::Outgoing;
 use crate::repartition;
 
 impl Engine {
@@ -19,23 +18,19 @@ impl Engine {
         let topic = self
             .cfg
             .repartition_topic
-            .clone()
+            .as_deref()
             .expect("the route stage runs only when repartitioning");
-        let source = record.source();
-        let headers = record
-            .copy_headers()
-            .insert(Header {
-                key: repartition::KEY_HEADER,
-                value: record.key,
-            })
-            .insert(Header {
-                key: repartition::SOURCE_HEADER,
-                value: Some(&source),
-            });
-        self.send(
+        let (partition, headers) = repartition::route(
+            &id,
+            record.key,
+            &record.source(),
+            record.copy_headers(),
+            self.cfg.input_partitions,
+        );
+        self.txn.send(
             Outgoing {
-                topic: &topic,
-                partition: Some(repartition::partition_for(&id, self.cfg.input_partitions)),
+                topic,
+                partition: Some(partition),
                 key: Some(&id),
                 value: record.value,
                 headers,

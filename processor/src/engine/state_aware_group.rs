@@ -306,12 +306,13 @@ impl Engine {
     pub(super) fn report_to_group(&self) {
         let Some(group) = &self.own_group else { return };
         let mut report = group.report.report.lock().unwrap();
-        for task in self.tasks.values() {
+        for task in self.dedup.tasks.values() {
             if let Some(offset) = task.health.store_changelog_offset {
                 report.stores.insert(task.partition, offset);
             }
         }
         report.active = self
+            .dedup
             .tasks
             .values()
             .filter(|t| t.active())

@@ -37,7 +37,7 @@ impl Engine {
         let mut failure = None;
         let mut next = Some(event);
         while let Some(event) = next.take() {
-            let Some(task) = self.tasks.get_mut(&p) else {
+            let Some(task) = self.dedup.tasks.get_mut(&p) else {
                 break;
             };
             let was_backing_off = task.lifecycle.backoff().is_some();
@@ -67,6 +67,7 @@ impl Engine {
             }
         }
         if self
+            .dedup
             .tasks
             .get(&p)
             .is_some_and(|t| t.lifecycle.phase == Phase::Closed)
@@ -94,7 +95,7 @@ impl Engine {
         }
         let state = self.shared.state_dir.clone();
         let store_dir = state.store_dir(p);
-        let task = self.tasks.get_mut(&p).expect("task exists");
+        let task = self.dedup.tasks.get_mut(&p).expect("task exists");
         match command {
             Command::StopConsuming => self.reassign_needed = true,
             Command::RemoveCheckpoint => remove_if_present(&state.checkpoint_file(p))
@@ -124,7 +125,7 @@ impl Engine {
                 let Some(store) = task.store.take() else {
                     return Ok(());
                 };
-                let committed = task.committed;
+                let committed = task.position.committed();
                 let checkpoint = self.checkpoint_of(p, &store, committed);
                 if self.draining {
                     // A drain committed first and processes nothing more: it closes here, to
@@ -134,7 +135,7 @@ impl Engine {
                     checkpoint::write(&checkpoint.file, &checkpoint.entries).map_err(|e| {
                         StoreError::from_io(&store_dir, "writing the checkpoint", &e)
                     })?;
-                    if let Some(task) = self.tasks.get_mut(&p) {
+                    if let Some(task) = self.dedup.tasks.get_mut(&p) {
                         task.health.last_checkpoint_at_ms = Some(now_ms());
                     }
                 } else {
@@ -170,6 +171,7 @@ impl Engine {
             }
             Command::PruneQuarantines => {
                 let unhealthy: BTreeSet<i32> = self
+                    .dedup
                     .tasks
                     .values()
                     .filter(|t| !t.active())
@@ -189,6 +191,7 @@ impl Engine {
     pub(super) fn end_backoffs(&mut self) {
         let now = now_ms();
         let due: Vec<i32> = self
+            .dedup
             .tasks
             .values()
             .filter(|t| t.lifecycle.backoff().is_some_and(|b| now >= b.retry_at_ms))
@@ -203,7 +206,7 @@ impl Engine {
     /// Drops a task (its store, if still open, closes with it) and lets the other processing
     /// threads of the process have its store directory.
     pub(super) fn forget_task(&mut self, p: i32) {
-        self.tasks.remove(&p);
+        self.dedup.tasks.remove(&p);
         // A store the store thread still opens or closes keeps its directory until it is done.
         if !self.store_io.contains(&p) {
             self.shared.release_store(p, self.cfg.thread);
@@ -243,6 +246,7 @@ impl Engine {
     pub(super) fn open_next(&mut self) {
         let thread = self.cfg.thread;
         let waiting: Vec<i32> = self
+            .dedup
             .tasks
             .values()
             .filter(|t| t.is(&Phase::Opening) && !self.store_io.contains(&t.partition))
@@ -252,7 +256,7 @@ impl Engine {
             if !self.shared.claim_store(p, thread) {
                 continue;
             }
-            if self.tasks[&p].store.is_some() {
+            if self.dedup.tasks[&p].store.is_some() {
                 self.on_task_event(p, Event::Opened(StoreOpen::Resumed));
                 self.publish_tasks(true);
             } else {
@@ -266,7 +270,7 @@ impl Engine {
     /// A store the store thread opened from disk arrives.
     fn on_store_opened(&mut self, p: i32, result: Result<(TaskStore, StoreOpen), StoreError>) {
         self.store_io.remove(&p);
-        let destination = self.tasks.get(&p).map_or(Destination::Close, |t| {
+        let destination = self.dedup.tasks.get(&p).map_or(Destination::Close, |t| {
             t.lifecycle.on_arrival(Arrival::Fresh)
         });
         let (store, how) = match (result, destination) {
@@ -294,7 +298,7 @@ impl Engine {
                 return;
             }
         };
-        let task = self.tasks.get_mut(&p).expect("checked");
+        let task = self.dedup.tasks.get_mut(&p).expect("checked");
         task.store_id = Some(store.id());
         task.store = Some(store);
         self.on_task_event(p, Event::Opened(how));
@@ -314,7 +318,7 @@ impl Engine {
     /// The memory budget a task's store belongs to: the standby one for standbys and
     /// warm-ups, the active one for the rest.
     fn memory_role(&self, partition: i32) -> MemoryRole {
-        match self.tasks.get(&partition).map(|t| t.lifecycle.role()) {
+        match self.dedup.tasks.get(&partition).map(|t| t.lifecycle.role()) {
             Some(Role::Standby { .. }) => MemoryRole::Standby,
             _ => MemoryRole::Active,
         }
@@ -326,7 +330,7 @@ impl Engine {
     /// store thread. The task waits without a store meanwhile (see [`Self::on_store_reopened`]).
     fn reopen_for_role(&mut self, p: i32) {
         let role = self.memory_role(p);
-        let task = self.tasks.get_mut(&p).expect("task exists");
+        let task = self.dedup.tasks.get_mut(&p).expect("task exists");
         if task.store.as_ref().is_none_or(|s| s.memory_role() == role) {
             return;
         }
@@ -345,7 +349,12 @@ impl Engine {
             Ok(store) => store,
             Err(e) => {
                 warn!(partition = p, error = %e, "could not reopen the store for its new role");
-                if self.tasks.get(&p).is_some_and(|t| t.lifecycle.store_open()) {
+                if self
+                    .dedup
+                    .tasks
+                    .get(&p)
+                    .is_some_and(|t| t.lifecycle.store_open())
+                {
                     self.on_task_event(
                         p,
                         Event::StoreFailed {
@@ -364,6 +373,7 @@ impl Engine {
             role_matches: store.memory_role() == role,
         };
         let destination = self
+            .dedup
             .tasks
             .get(&p)
             .map_or(Destination::Close, |t| t.lifecycle.on_arrival(arrival));
@@ -382,7 +392,7 @@ impl Engine {
                 return;
             }
         }
-        let task = self.tasks.get_mut(&p).expect("checked");
+        let task = self.dedup.tasks.get_mut(&p).expect("checked");
         task.store_id = Some(store.id());
         task.store = Some(store);
         // A scan of the closed store ended with it; the reopened store is scanned anew.
@@ -397,7 +407,7 @@ impl Engine {
         }
         // A standby's store follows its changelog (its FollowChangelog came while it was
         // away); a restoring task's is handed to the restore by the next step.
-        let task = self.tasks.get_mut(&p).expect("checked");
+        let task = self.dedup.tasks.get_mut(&p).expect("checked");
         if task.is(&Phase::Standby)
             && let Some(store) = task.store.take()
         {
@@ -431,7 +441,7 @@ impl Engine {
     /// Lets the other processing threads have the partition's store directory, unless a task
     /// of this engine still has it or the store thread is not done with it.
     fn release_if_unused(&mut self, p: i32) {
-        if !self.tasks.contains_key(&p) && !self.store_io.contains(&p) {
+        if !self.dedup.tasks.contains_key(&p) && !self.store_io.contains(&p) {
             self.shared.release_store(p, self.cfg.thread);
         }
     }
@@ -455,23 +465,26 @@ impl Engine {
     /// reads the changelog itself.
     pub(super) fn restore_step(&mut self) -> Result<(), EngineError> {
         let ready: Vec<i32> = self
+            .dedup
             .tasks
             .values()
             .filter(|t| t.is(&Phase::Restoring) && t.store.is_some())
             .map(|t| t.partition)
             .collect();
         for p in ready {
-            let task = self.tasks.get_mut(&p).expect("task exists");
+            let task = self.dedup.tasks.get_mut(&p).expect("task exists");
             let store = task.store.take().expect("filtered");
             task.restore_started = Some(Instant::now());
             self.updater.restore(p, store);
             self.in_updater.insert(p);
         }
         // Standbys stay with the updater for good: only restores make the process Restoring.
-        let restoring = self
-            .in_updater
-            .iter()
-            .any(|p| self.tasks.get(p).is_some_and(|t| !t.is(&Phase::Standby)));
+        let restoring = self.in_updater.iter().any(|p| {
+            self.dedup
+                .tasks
+                .get(p)
+                .is_some_and(|t| !t.is(&Phase::Standby))
+        });
         if restoring && self.shared.phase() != ProcessorPhase::Restoring {
             self.shared.set_phase(ProcessorPhase::Restoring);
         }
@@ -498,13 +511,18 @@ impl Engine {
                 from,
                 to_restore,
             } => {
-                if let Some(task) = self.tasks.get_mut(&p).filter(|t| t.is(&Phase::Standby)) {
+                if let Some(task) = self
+                    .dedup
+                    .tasks
+                    .get_mut(&p)
+                    .filter(|t| t.is(&Phase::Standby))
+                {
                     info!(partition = p, from = ?from, behind = to_restore, "standby follows the changelog");
                     task.health.store_changelog_offset = from;
                     return Ok(false);
                 }
                 info!(partition = p, from = ?from, to_restore, "restoring store from the changelog");
-                if let Some(task) = self.tasks.get_mut(&p) {
+                if let Some(task) = self.dedup.tasks.get_mut(&p) {
                     task.health.restore = Some(RestoreProgress {
                         records_restored: 0,
                         records_to_restore: to_restore,
@@ -517,7 +535,7 @@ impl Engine {
                 partition: p,
                 restored,
                 changelog_offset,
-            } => match self.tasks.get_mut(&p) {
+            } => match self.dedup.tasks.get_mut(&p) {
                 // What a standby applies is not a restore (the restore metrics count what
                 // a task waited for).
                 Some(task) if task.is(&Phase::Standby) => {
@@ -584,7 +602,7 @@ impl Engine {
     /// gone (the store is closed by dropping it).
     fn give_back(&mut self, p: i32, store: TaskStore) -> bool {
         self.in_updater.remove(&p);
-        match self.tasks.get_mut(&p) {
+        match self.dedup.tasks.get_mut(&p) {
             Some(task) => {
                 task.store = Some(store);
                 true
@@ -600,7 +618,7 @@ impl Engine {
             return;
         }
         let store = self.updater.take(p);
-        if let (Some(task), Some(store)) = (self.tasks.get_mut(&p), store) {
+        if let (Some(task), Some(store)) = (self.dedup.tasks.get_mut(&p), store) {
             task.store = Some(store);
         }
     }
@@ -609,7 +627,7 @@ impl Engine {
     /// `offset`; `done`: it caught up.
     fn on_restored(&mut self, p: i32, n: u64, offset: Option<i64>, done: bool) {
         self.metrics.restore_records.inc_by(n);
-        let Some(task) = self.tasks.get_mut(&p) else {
+        let Some(task) = self.dedup.tasks.get_mut(&p) else {
             return;
         };
         task.health.store_changelog_offset = offset;
@@ -657,17 +675,13 @@ impl Engine {
     ) -> Result<(), EngineError> {
         self.commit(consumer)?;
         let restored: Vec<i32> = self
+            .dedup
             .tasks
             .values()
             .filter(|t| t.is(&Phase::Restored))
             .map(|t| t.partition)
             .collect();
-        let routes: Vec<i32> = self
-            .routes
-            .iter()
-            .filter(|(_, r)| !r.active)
-            .map(|(&p, _)| p)
-            .collect();
+        let routes = self.routes.waiting();
         if restored.is_empty() && routes.is_empty() {
             return Ok(());
         }
@@ -703,18 +717,13 @@ impl Engine {
         };
         for &p in &routes {
             let offset = committed_at(&self.cfg.topology.input_topic, p);
-            let route = self.routes.get_mut(&p).expect("route exists");
-            route.active = true;
-            route.position = offset;
-            route.committed = offset;
+            self.routes.activate(p, offset);
             info!(partition = p, offset = ?offset, "route task active");
         }
         for &p in &restored {
             let offset = committed_at(&dedup_input, p);
-            let task = self.tasks.get_mut(&p).expect("task exists");
-            task.position = offset;
-            task.committed = offset;
-            task.health.committed_offset = offset;
+            let task = self.dedup.tasks.get_mut(&p).expect("task exists");
+            task.start_at(offset);
             self.on_task_event(p, Event::Activated);
             info!(partition = p, offset = ?offset, "task active");
         }

@@ -25,7 +25,7 @@ impl Engine {
 
     /// Queues a scan of the task's open store.
     pub(super) fn start_verification(&mut self, p: i32, reason: VerificationReason) {
-        let Some(task) = self.tasks.get_mut(&p) else {
+        let Some(task) = self.dedup.tasks.get_mut(&p) else {
             return;
         };
         let Some(store) = &task.store else { return };
@@ -42,7 +42,7 @@ impl Engine {
     /// The next periodic scan of a task whose store was just opened (or scanned).
     pub(super) fn schedule_verification(&mut self, p: i32) {
         let due = self.verify_interval().map(|i| Instant::now() + i);
-        if let Some(task) = self.tasks.get_mut(&p) {
+        if let Some(task) = self.dedup.tasks.get_mut(&p) {
             task.verify_due = due;
         }
     }
@@ -51,6 +51,7 @@ impl Engine {
     pub(super) fn start_due_verifications(&mut self) {
         let now = Instant::now();
         let due: Vec<i32> = self
+            .dedup
             .tasks
             .values()
             .filter(|t| t.store.is_some() && t.verify_due.is_some_and(|d| now >= d))
@@ -65,7 +66,7 @@ impl Engine {
     pub(super) fn take_verifications(&mut self, consumer: &GroupConsumer) {
         while let Some(outcome) = self.verifier.next_outcome() {
             let p = outcome.partition;
-            let Some(task) = self.tasks.get_mut(&p) else {
+            let Some(task) = self.dedup.tasks.get_mut(&p) else {
                 continue;
             };
             if task.store_id != Some(outcome.store_id) {

@@ -16,14 +16,17 @@
 //! stage has committed is purged from the repartition topic ([`Purger`]), as Kafka Streams
 //! does, so the topic does not grow with the input.
 //!
-//! This module holds the stage's fixed parts: the partitioner and the header layout here, the
-//! topic (created and validated at start-up like the changelog) in [`topic`], the purger in
-//! [`purger`]. The route stage's step for one record is the engine's `route_record`.
+//! This module is the route stage's home: the partitioner and the header layout here, the
+//! stage's tasks and what it makes of one record in [`stage`], the topic (created and
+//! validated at start-up like the changelog) in [`topic`], the purger in [`purger`]. The
+//! engine drives it (`engine/routing.rs`: the record's id, then the send in the transaction).
 
 mod purger;
+mod stage;
 mod topic;
 
 pub use purger::{PURGE_INTERVAL, Purger};
+pub use stage::{RouteStage, route};
 pub use topic::{RETENTION, RepartitionTopicError, SEGMENT_BYTES, ensure};
 
 /// Header of a repartition record carrying the input record's key (absent value: no key).
