@@ -1,7 +1,6 @@
 //! The StreamApp processor as a library: the binary (`main.rs` and its `startup` module) wires
 //! these together, and integration tests reach the pieces they check.
 
-pub mod assignment;
 pub mod changelog;
 pub mod engine;
 pub mod faults;

@@ -32,6 +32,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{error, info, warn};
 
+use crate::changelog::ChangelogEnds;
 use crate::kafka_errors::reader_error_is_transient;
 use crate::store::{Staged, StoreError, TaskStore};
 
@@ -121,41 +122,6 @@ struct Partition {
     /// Kafka did not answer when the restore began: the store's offset is not checked against
     /// the changelog yet, and the partition is not read until it is (at `recheck_at`).
     unchecked: bool,
-}
-
-/// Looks up the real end (high watermark, read_uncommitted) of changelog partitions.
-pub struct ChangelogEnds {
-    topic: String,
-    probe: BaseConsumer,
-}
-
-impl ChangelogEnds {
-    pub fn new(base: &ClientConfig, topic: &str) -> Result<Self, KafkaError> {
-        let mut probe_cfg = base.clone();
-        probe_cfg
-            .set("isolation.level", "read_uncommitted")
-            .set("group.id", "streamapp-restore-unused");
-        Ok(ChangelogEnds {
-            topic: topic.to_string(),
-            probe: probe_cfg.create()?,
-        })
-    }
-
-    /// The partition's (low, high) watermarks: a broker round trip.
-    pub fn watermarks(&self, partition: i32) -> Result<(i64, i64), RestoreError> {
-        self.probe
-            .fetch_watermarks(&self.topic, partition, Duration::from_secs(10))
-            .map_err(|source| RestoreError::Kafka {
-                topic: self.topic.clone(),
-                partition,
-                source,
-            })
-    }
-
-    /// The real end (high watermark) of a changelog partition.
-    pub fn end_offset(&self, partition: i32) -> Result<i64, RestoreError> {
-        Ok(self.watermarks(partition)?.1)
-    }
 }
 
 /// Reads changelog partitions for restore, all of them through one reader.

@@ -71,11 +71,11 @@ use streamapp_api::config::{GroupTiming, ResolvedConfig, ResolvedRocksDb, Resolv
 use streamapp_api::health::{ProcessorPhase, Quarantine};
 use tracing::info;
 
+use crate::changelog::ChangelogEnds;
 use crate::faults::Faults;
 use crate::lifecycle::{Event, Phase};
 use crate::metrics::Metrics;
 use crate::repartition::{Purger, RouteStage};
-use crate::restore::ChangelogEnds;
 use crate::shared::{DrainOutcome, Shared};
 use crate::state_updater::{StateUpdater, StoreOpener};
 use crate::store::{SharedMemory, Verifier, Window};

@@ -19,9 +19,9 @@ use tracing::{info, warn};
 
 use super::membership::Share;
 use super::{Engine, EngineConfig, EngineError, GroupConsumer};
+use crate::changelog::ChangelogEnds;
 use crate::group::txn_offsets::GroupGeneration;
 use crate::group::{Generation, GroupConfig, GroupEvent, MemberState, Membership, Report};
-use crate::restore::ChangelogEnds;
 use crate::store::{ChangelogIdentity, changelog_offset_on_disk};
 use crate::txn_coordinator::CoordinatorClient;
 use streamapp_kafka_wire::Security;
@@ -324,7 +324,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::assignment::MemberAssignment;
+    use crate::group::assignment::MemberAssignment;
 
     #[test]
     fn a_share_names_active_tasks_standbys_warm_ups_and_route_tasks() {

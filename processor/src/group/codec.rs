@@ -16,7 +16,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use serde::{Deserialize, Serialize};
 
-use crate::assignment::MemberAssignment;
+use crate::group::assignment::MemberAssignment;
 
 /// The assignor this format belongs to.
 pub const ASSIGNOR: &str = "streamapp-v1";

@@ -1,6 +1,6 @@
 //! The processor's own membership in its consumer group (ADR 0001): the classic group protocol
 //! (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) with StreamApp's state-aware assignor
-//! ([`crate::assignment`]) on the leader, each member's stores in its subscription.
+//! ([`assignment`]) on the leader, each member's stores in its subscription.
 //!
 //! A [`Membership`] is a thread that finds the group coordinator, joins with the member's
 //! current [`Report`] (static membership: `group.instance.id` = the pod name), assigns when it
@@ -16,6 +16,7 @@
 //!
 //! What to do after a failed request is decided by [`after_error`], a pure function.
 
+pub mod assignment;
 mod codec;
 pub mod txn_offsets;
 
@@ -36,7 +37,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, info, warn};
 
-use crate::assignment::{self, Facts, MemberAssignment};
+use assignment::{Facts, MemberAssignment};
 pub use codec::{ASSIGNOR, Assigned, RANGE, Report, Topics};
 use streamapp_kafka_wire::{Connection, CoordinatorKind, WireError};
 

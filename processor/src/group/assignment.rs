@@ -1,4 +1,4 @@
-//! The state-aware assignor of [ADR 0001](../../docs/adr/0001-state-aware-assignment.md): what
+//! The state-aware assignor of [ADR 0001](../../../docs/adr/0001-state-aware-assignment.md): what
 //! the group leader decides from what each member reports, as a pure function. No Kafka here:
 //! the processor's own group membership ([`crate::group`]) calls [`assign`] when it leads, with
 //! the stores each member put in its subscription.
