@@ -163,15 +163,10 @@ stop() {
   done
 }
 
-status() {
-  for c in "${COMPONENTS[@]}"; do
-    if pid_alive "$dir/$c.pid"; then echo "$c running (pid $(cat "$dir/$c.pid"))"; else echo "$c stopped"; fi
-  done
-}
 
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
-  status) status ;;
+  status) components_status "$dir" "${COMPONENTS[@]}" ;;
   *) die "usage: $0 start|stop|status" ;;
 esac

@@ -82,6 +82,16 @@ in_testbed() {
 # pid_alive PIDFILE: true when the process recorded in PIDFILE still runs.
 pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# components_status DIR NAME...: "NAME running (pid P)" or "NAME stopped" for each component
+# whose pid file is DIR/NAME.pid.
+components_status() {
+  local dir=$1 c
+  shift
+  for c in "$@"; do
+    if pid_alive "$dir/$c.pid"; then echo "$c running (pid $(cat "$dir/$c.pid"))"; else echo "$c stopped"; fi
+  done
+}
+
 # stop_pid NAME PIDFILE: TERM, wait up to 20 s, then KILL.
 stop_pid() {
   local name=$1 pidfile=$2

@@ -303,16 +303,11 @@ remove_pod_cgroups() {
   return 0
 }
 
-status() {
-  for c in "${COMPONENTS[@]}"; do
-    if pid_alive "$dir/$c.pid"; then echo "$c running (pid $(cat "$dir/$c.pid"))"; else echo "$c stopped"; fi
-  done
-}
 
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
-  status) status ;;
+  status) components_status "$dir" "${COMPONENTS[@]}" ;;
   import) import_images ;;
   ctr)
     shift

@@ -8,7 +8,7 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 use streamapp_api::crd::StreamAppStatus;
 
-use crate::statefulset::{CONFIG_HASH_ANNOTATION, PROCESSOR_CONTAINER};
+use crate::statefulset::{PROCESSOR_CONTAINER, config_hash};
 use crate::status::{DEGRADED, PROGRESSING, STORAGE_RESIZING, condition_of};
 use crate::storage::STORAGE_NOT_EXPANDABLE;
 
@@ -139,18 +139,6 @@ fn processor_image(sts: &StatefulSet) -> Option<&str> {
         .find(|c| c.name == PROCESSOR_CONTAINER)?
         .image
         .as_deref()
-}
-
-fn config_hash(sts: &StatefulSet) -> Option<&str> {
-    sts.spec
-        .as_ref()?
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?
-        .get(CONFIG_HASH_ANNOTATION)
-        .map(String::as_str)
 }
 
 fn short(hash: Option<&str>) -> &str {

@@ -33,6 +33,19 @@ use crate::processor_config::{
 /// Pod template annotation with the SHA-256 of `processor.yaml`: a new configuration is a new
 /// pod template, so the StatefulSet rolls the pods.
 pub const CONFIG_HASH_ANNOTATION: &str = "streamapp.dev/config-hash";
+
+/// The configuration hash a StatefulSet's pod template carries ([`CONFIG_HASH_ANNOTATION`]).
+pub fn config_hash(sts: &StatefulSet) -> Option<&str> {
+    sts.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(CONFIG_HASH_ANNOTATION)
+        .map(String::as_str)
+}
 /// Pod template annotation with a hash of the Secrets the pods read (Kafka SASL credentials,
 /// TLS material): a changed credential rolls the pods like a changed configuration.
 pub const SECRETS_HASH_ANNOTATION: &str = "streamapp.dev/secrets-hash";

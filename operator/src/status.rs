@@ -19,7 +19,6 @@ use streamapp_api::units::format_duration;
 use crate::owned;
 use crate::pod_health::PodProblem;
 use crate::preflight::Blocker;
-use crate::statefulset::CONFIG_HASH_ANNOTATION;
 use crate::storage::{STORAGE_NOT_EXPANDABLE, StorageFinding};
 
 pub const READY: &str = "Ready";
@@ -423,17 +422,7 @@ pub fn compute_status(
 
     let tasks = || reports.iter().flat_map(|p| p.tasks.iter());
     let config_hash = sts
-        .and_then(|s| {
-            s.spec
-                .as_ref()?
-                .template
-                .metadata
-                .as_ref()?
-                .annotations
-                .as_ref()?
-                .get(CONFIG_HASH_ANNOTATION)
-                .cloned()
-        })
+        .and_then(|s| crate::statefulset::config_hash(s).map(str::to_string))
         .or_else(|| findings.desired_config_hash.clone());
 
     let (lag, lag_seconds, input_partitions, repartition_lag) = match &findings.kafka {

@@ -22,6 +22,7 @@ use streamapp_operator::status::{
 use testbed::kafka;
 use testbed::kube::TestNamespace;
 use testbed::process::{Spawned, free_port};
+use testbed::store_damage::{self, Damage};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const APP: &str = "dedup";
@@ -179,31 +180,8 @@ impl Pipeline {
     /// its newest WAL file cut in half.
     fn damage_store(&self) {
         let store = self.state.join("tasks/0/store");
-        let files: Vec<PathBuf> = std::fs::read_dir(&store)
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
-        let newest = |ext: &str| {
-            files
-                .iter()
-                .filter(|p| {
-                    p.extension().is_some_and(|e| e == ext)
-                        && !p.file_name().unwrap().to_string_lossy().starts_with("LOG")
-                })
-                .max_by_key(|p| std::fs::metadata(p).unwrap().len())
-                .cloned()
-                .unwrap_or_else(|| panic!("no .{ext} file in {}: {files:?}", store.display()))
-        };
-        std::fs::remove_file(newest("sst")).unwrap();
-        let wal = newest("log");
-        let len = std::fs::metadata(&wal).unwrap().len();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&wal)
-            .unwrap()
-            .set_len(len / 2)
-            .unwrap();
+        store_damage::damage(&store, Damage::DeleteSst);
+        store_damage::damage(&store, Damage::TruncateWal);
     }
 }
 

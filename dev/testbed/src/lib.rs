@@ -11,6 +11,7 @@ pub mod kafka;
 pub mod kube;
 pub mod node;
 pub mod process;
+pub mod store_damage;
 
 use std::path::PathBuf;
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::{App, AppOptions, Input, counts, inspect, now_ms, serial, wait_for_log};
 use rand::RngExt;
 use streamapp_api::health::{StoreOpen, TaskState, VerificationReason};
+use testbed::store_damage::{self, Damage};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -529,15 +530,6 @@ async fn tasks_move_between_processes_as_they_join_and_leave_and_exactly_once_ho
     b.kill9();
 }
 
-/// How a test damages a stopped processor's store.
-#[derive(Clone, Copy, Debug)]
-enum Damage {
-    TruncateWal,
-    FlipWalBytes,
-    FlipSstBytes,
-    DeleteSst,
-}
-
 /// What each of RocksDB's WAL recovery modes makes of each kind of damage. The processor's part:
 /// whatever RocksDB reports as damage is quarantined and rebuilt from the changelog (never a
 /// crash loop), whatever it recovers is a consistent prefix whose changelog tail is replayed,
@@ -608,7 +600,7 @@ async fn damaged_wal_and_sst_files_recover_or_rebuild_as_each_recovery_mode_prom
             let what = format!("{mode} / {damage:?}");
             let state = app.dir.path().join(format!("case-{case}"));
             copy_dir(&original, &state);
-            damage_store(&state.join("tasks/0/store"), damage);
+            store_damage::damage(&state.join("tasks/0/store"), damage);
             let mut p = app.start_at("pod-0", &state, &[], &[]);
             p.wait_ready(2 * MINUTE);
             // A store opened after the crash is used at once and scanned in the background:
@@ -672,45 +664,4 @@ fn copy_dir(from: &Path, to: &Path) {
             std::fs::copy(entry.path(), target).unwrap();
         }
     }
-}
-
-fn damage_store(store: &Path, damage: Damage) {
-    let files: Vec<_> = std::fs::read_dir(store)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    let newest = |ext: &str| {
-        files
-            .iter()
-            .filter(|p| p.extension().is_some_and(|e| e == ext))
-            .max_by_key(|p| std::fs::metadata(p).unwrap().len())
-            .cloned()
-            .unwrap_or_else(|| panic!("no .{ext} file in {}", store.display()))
-    };
-    match damage {
-        Damage::TruncateWal => {
-            let wal = newest("log");
-            let len = std::fs::metadata(&wal).unwrap().len();
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&wal)
-                .unwrap()
-                .set_len(len / 2)
-                .unwrap();
-        }
-        Damage::FlipWalBytes => flip_bytes(&newest("log")),
-        Damage::FlipSstBytes => flip_bytes(&newest("sst")),
-        Damage::DeleteSst => std::fs::remove_file(newest("sst")).unwrap(),
-    }
-}
-
-fn flip_bytes(path: &Path) {
-    let mut bytes = std::fs::read(path).unwrap();
-    let mid = bytes.len() / 3;
-    let end = (mid + 64).min(bytes.len());
-    for b in &mut bytes[mid..end] {
-        *b ^= 0xA5;
-    }
-    std::fs::write(path, bytes).unwrap();
 }
