@@ -11,7 +11,7 @@ export CARGO_TARGET_DIR ?= $(STREAMAPP_CACHE)/target
 CARGO := cargo
 CARGO_FLAGS := --release --workspace --locked
 
-.PHONY: help setup system-packages tools build images up down status test test-only bench bench-compare lint crds demo demo-down clean
+.PHONY: help setup system-packages tools kafka-jars control-plane build bench-tools base-images images up down status test test-only test-build test-run bench bench-compare lint crds demo demo-down clean
 
 help:
 	@echo "make demo    - set up, start the local services and run the demo"
@@ -25,17 +25,36 @@ help:
 	@echo "make lint    - rustfmt and clippy"
 	@echo "make crds    - regenerate crds/streamapp.dev_streamapps.yaml from the Rust types"
 
-setup: system-packages tools build
+# What does not depend on each other runs side by side (-j): the Go build of the control plane,
+# the downloads (Kafka's jars, the Debian base image) and the Rust build each leave a core idle
+# part of the time (links, one large crate, the network).
+SETUP_PARTS := tools build base-images
+setup: system-packages
+	@$(MAKE) --no-print-directory -j4 $(SETUP_PARTS)
 
 system-packages:
 	@dev/install-system-packages.sh
 
-tools:
+tools: kafka-jars control-plane
+
+kafka-jars:
 	@dev/install-kafka.sh
+
+control-plane:
 	@dev/install-kube.sh
 
 build:
 	$(CARGO) build $(CARGO_FLAGS) --bins
+
+# What the comparison needs besides the broker (`make test` runs a small one): the Kafka Streams
+# peer (bench/kafka-streams, through Maven; after Kafka's jars, which use the same local Maven
+# repository) and the chart's virtualenv.
+bench-tools: kafka-jars
+	@dev/bench-compare.sh prepare
+
+# The node's Debian base and pause images (the project's image needs `build`: `images`).
+base-images:
+	@dev/image.sh base
 
 # The project's image from the binaries of `build` (Dockerfile target `prebuilt`), on a Debian
 # base made here; the pause image of the node.
@@ -64,19 +83,30 @@ status:
 
 # Every run starts from an empty test bed (fresh Kafka log, fresh etcd) and stops it whatever
 # the tests' outcome; the exit code is the tests'.
-test: setup
+# The set-up (with what the comparison needs) side by side as in `setup`, and the tests compiled
+# while the test bed starts.
+test: system-packages
+	@$(MAKE) --no-print-directory -j4 $(SETUP_PARTS) bench-tools
 	@$(MAKE) --no-print-directory down
 	rm -rf "$(STREAMAPP_RUN)"
-	@$(MAKE) --no-print-directory up
-	@status=0; $(MAKE) --no-print-directory test-only || status=$$?; \
+	@$(MAKE) --no-print-directory -j2 up test-build
+	@status=0; $(MAKE) --no-print-directory test-run || status=$$?; \
 	  $(MAKE) --no-print-directory down; exit $$status
 
 # The tests alone, against services that are already up (`make up`): the workspace's tests,
 # then a small run of the Kafka Streams comparison for its exactly-once checks. Both run even
-# when the first fails; the exit code says whether both passed. The tests are compiled here
-# and run inside the test bed's network namespace, where Kafka and the API server are.
-test-only:
+# when the first fails; the exit code says whether both passed. The tests run inside the test
+# bed's network namespace, where Kafka and the API server are.
+test-only: test-build
+	@$(MAKE) --no-print-directory test-run
+
+# Every test binary, and the comparison's (after `build`: one cargo at a time holds the target
+# directory).
+test-build: build
 	$(CARGO) test $(CARGO_FLAGS) --no-run
+	$(CARGO) bench --locked -p streamapp-processor --bench vs_kafka_streams --no-run
+
+test-run:
 	@status=0; dev/net.sh exec $(CARGO) test $(CARGO_FLAGS) --offline --no-fail-fast || status=$$?; \
 	  dev/bench-compare-smoke.sh || status=$$?; exit $$status
 

@@ -5,6 +5,7 @@
 # cache folder; starts the broker (in the test bed's network namespace, dev/net.sh) if it is not
 # running (and stops it again at the end); prints
 # the table; writes vs-kafka-streams.{txt,csv,png} into $BENCH_RESULTS (default bench/results).
+# `dev/bench-compare.sh prepare` only installs: Kafka's jars, the peer, the chart's virtualenv.
 # Smaller runs: BENCH_RECORDS, BENCH_RUNS, BENCH_RECOVERY_KEYS, BENCH_LATENCY_SECONDS and the
 # other knobs in the doc comment of processor/benches/vs_kafka_streams/main.rs; `make test` runs
 # a small one (dev/bench-compare-smoke.sh) for its exactly-once checks.
@@ -16,9 +17,9 @@ mkdir -p "$results"
 
 "$DEV_DIR/install-kafka.sh"
 
-log "building the Kafka Streams peer (bench/kafka-streams)"
 # BENCH_PEER_BUILD: where the peer is built (a second checkout builds its own, not over this one).
 peer_build="${BENCH_PEER_BUILD:-$STREAMAPP_CACHE/bench/kafka-streams}"
+log "building the Kafka Streams peer (bench/kafka-streams)"
 mvn -B -q -f "$REPO_DIR/bench/kafka-streams/pom.xml" \
   -Dmaven.repo.local="$STREAMAPP_CACHE/m2" -Dbuild.dir="$peer_build" package ||
   die "could not build the Kafka Streams peer with maven"
@@ -33,6 +34,8 @@ if ! cmp -s "$requirements" "$venv/requirements.txt" 2>/dev/null; then
   "$venv/bin/pip" install -q -r "$requirements" || die "pip could not install $requirements"
   cp "$requirements" "$venv/requirements.txt"
 fi
+# `prepare`: only what the comparison installs (`make setup` does it beside the rest).
+[[ ${1:-} == prepare ]] && exit 0
 
 if ! "$DEV_DIR/kafka.sh" status | grep -q "kafka running"; then
   "$DEV_DIR/net.sh" start

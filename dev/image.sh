@@ -107,20 +107,26 @@ build_app() {
   log "$APP_IMAGE is $digest ($(du -m "$IMAGES_DIR/app.oci.tar" | cut -f1) MiB OCI archive: $IMAGES_DIR/app.oci.tar)"
 }
 
-build() {
+# The images that do not need the project's binaries.
+base() {
   command -v podman >/dev/null || die "podman is not installed (dev/install-system-packages.sh installs it)"
   command -v runc >/dev/null || die "runc is not installed (dev/install-system-packages.sh installs it)"
   mkdir -p "$IMAGES_DIR" "$PODMAN_ROOT" "$PODMAN_RUNROOT"
   build_base
   build_pause
+}
+
+build() {
+  base
   build_app
 }
 
 case "${1:-}" in
+  base) base ;;
   build) build ;;
   podman)
     shift
     tb_podman "$@"
     ;;
-  *) die "usage: $0 build | podman ARGS..." ;;
+  *) die "usage: $0 base | build | podman ARGS..." ;;
 esac
