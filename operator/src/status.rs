@@ -10,16 +10,22 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 use streamapp_api::config::default_acceptable_recovery_lag;
 use streamapp_api::crd::{PodStateStatus, StreamApp, StreamAppStatus};
-use streamapp_api::status_values::{AppPhase, PodPhase, StateHealth, StoreOpen, TaskState};
+use streamapp_api::status_values::{AppPhase, StateHealth, TaskState};
 use streamapp_api::units::format_duration;
 
 use crate::owned;
 use crate::pod_health::PodProblem;
 use crate::preflight::Blocker;
 use crate::storage::{STORAGE_NOT_EXPANDABLE, StorageFinding};
+
+mod pod_reports;
+mod state_health;
+
+pub use pod_reports::{current_reports, report_is_stale, stale_pod_reports};
+use state_health::state_healthy;
+pub use state_health::{NO_REPORTS, PROCESSOR_DOWN, PROCESSOR_FAILED, REBUILDING, STORES_HEALTHY};
 
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
@@ -608,158 +614,6 @@ fn oldest_checkpoint(reports: &[&PodStateStatus]) -> Option<Time> {
         })
         .min()
         .map(Time)
-}
-
-/// Whether `report` was written by another pod than the one of its name that exists now
-/// (`pod_uids`: UID by pod name): an old pod's agent on a node that came back, writing over
-/// its replacement's entry. A report without a UID (an older agent) is taken as it is.
-pub fn report_is_stale(report: &PodStateStatus, pod_uids: &BTreeMap<String, String>) -> bool {
-    match (&report.uid, pod_uids.get(&report.name)) {
-        (Some(reported), Some(live)) => reported != live,
-        _ => false,
-    }
-}
-
-/// Entries of `status.pods` to remove, with their index and UID: those of pods beyond
-/// `spec.replicas` that no longer exist (scaled away; their agents wrote a last report and are
-/// gone), and those written by another pod than the one of that name that exists now
-/// ([`report_is_stale`]). The entry of a pod that still runs, even one shutting down, stays.
-pub fn stale_pod_reports(
-    app: &StreamApp,
-    pod_uids: &BTreeMap<String, String>,
-) -> Vec<(usize, String, Option<String>)> {
-    let name = app.name_any();
-    let Some(status) = &app.status else {
-        return Vec::new();
-    };
-    let scaled_away = |p: &PodStateStatus| {
-        !pod_uids.contains_key(&p.name)
-            && crate::owned::pod_ordinal(&name, &p.name)
-                .is_none_or(|ordinal| ordinal >= app.spec.replicas)
-    };
-    status
-        .pods
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| scaled_away(p) || report_is_stale(p, pod_uids))
-        .map(|(i, p)| (i, p.name.clone(), p.uid.clone()))
-        .collect()
-}
-
-/// The agents' reports of pods that should exist: `<name>-<ordinal>` below `spec.replicas`,
-/// written by the pod of that name that exists now. Entries of scaled-away pods stay in
-/// `status.pods` (their agents own them) until they are pruned, but no longer count.
-pub fn current_reports<'a>(
-    app: &'a StreamApp,
-    pod_uids: &BTreeMap<String, String>,
-) -> Vec<&'a PodStateStatus> {
-    let name = app.name_any();
-    let Some(status) = &app.status else {
-        return Vec::new();
-    };
-    status
-        .pods
-        .iter()
-        .filter(|p| {
-            crate::owned::pod_ordinal(&name, &p.name)
-                .is_some_and(|ordinal| ordinal < app.spec.replicas)
-        })
-        .filter(|p| !report_is_stale(p, pod_uids))
-        .collect()
-}
-
-pub const NO_REPORTS: &str = "NoReports";
-pub const PROCESSOR_FAILED: &str = "ProcessorFailed";
-pub const PROCESSOR_DOWN: &str = "ProcessorDown";
-pub const REBUILDING: &str = "Rebuilding";
-pub const STORES_HEALTHY: &str = "StoresHealthy";
-
-/// The StateHealthy condition: its status, reason and message.
-struct StateHealthy {
-    status: &'static str,
-    reason: &'static str,
-    message: String,
-}
-
-/// The StateHealthy condition from the agents' reports: the worst pod decides.
-fn state_healthy(reports: &[&PodStateStatus], desired: i32) -> StateHealthy {
-    if reports.is_empty() {
-        return StateHealthy {
-            status: "Unknown",
-            reason: NO_REPORTS,
-            message: "no agent has reported yet".into(),
-        };
-    }
-    let with_phase = |phase: PodPhase| -> Vec<String> {
-        reports
-            .iter()
-            .filter(|p| p.phase.as_ref() == Some(&phase))
-            .map(|p| match &p.message {
-                Some(m) => format!("{}: {m}", p.name),
-                None => p.name.clone(),
-            })
-            .collect()
-    };
-    let failed = with_phase(PodPhase::Failed);
-    if !failed.is_empty() {
-        return StateHealthy {
-            status: "False",
-            reason: PROCESSOR_FAILED,
-            message: format!("processor failed on {}", failed.join("; ")),
-        };
-    }
-    let down = with_phase(PodPhase::Down);
-    if !down.is_empty() {
-        return StateHealthy {
-            status: "False",
-            reason: PROCESSOR_DOWN,
-            message: format!("no processor running on {}", down.join("; ")),
-        };
-    }
-    let rebuilding: Vec<String> = reports
-        .iter()
-        .flat_map(|p| p.tasks.iter().map(move |t| (p, t)))
-        .filter(|(_, t)| t.opened == Some(StoreOpen::Rebuilt) && t.restore.is_some())
-        .map(|(p, t)| {
-            let progress = t
-                .restore
-                .as_ref()
-                .map(|r| format!(" ({} of {} records restored)", r.restored, r.total))
-                .unwrap_or_default();
-            let why = t
-                .last_quarantine_reason
-                .as_deref()
-                .map(|r| format!(" after quarantining its store: {r}"))
-                .unwrap_or_default();
-            format!(
-                "pod {} is rebuilding partition {} from the changelog{why}{progress}",
-                p.name, t.partition
-            )
-        })
-        .collect();
-    if !rebuilding.is_empty() {
-        return StateHealthy {
-            status: "False",
-            reason: REBUILDING,
-            message: rebuilding.join("; "),
-        };
-    }
-    if let Some(message) = crate::task_reports::stores_backing_off(reports) {
-        return StateHealthy {
-            status: "False",
-            reason: crate::task_reports::STORE_BACKING_OFF,
-            message,
-        };
-    }
-    let mut message = format!("{} of {desired} pods report healthy stores", reports.len());
-    if let Some(idle) = crate::task_reports::idle_replicas(desired, reports) {
-        message = format!("{message}; {idle}");
-    }
-    StateHealthy {
-        status: "True",
-        reason: STORES_HEALTHY,
-        message,
-    }
 }
 
 fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {

@@ -3,9 +3,12 @@
 //!
 //! Decisions are pure and tested without a cluster: [`render`] turns StreamApps into the text
 //! `status` prints, [`actions`] says what each operating command changes and what to watch
-//! next, [`errors`] turns API errors into sentences. `main.rs` talks to the API server.
+//! next, [`errors`] turns API errors into sentences. [`cli`] is the command line; [`commands`]
+//! talks to the API server.
 
 pub mod actions;
+pub mod cli;
+pub mod commands;
 pub mod completion;
 pub mod errors;
 pub mod render;

@@ -4,6 +4,7 @@ use super::*;
 use crate::preflight::{Blocker, MEMORY_BUDGET_EXCEEDED};
 use crate::testing::app;
 use streamapp_api::crd::{RestoreStatus, TaskStateStatus};
+use streamapp_api::status_values::{PodPhase, StoreOpen};
 
 fn now() -> Timestamp {
     "2026-01-01T12:00:00Z".parse().unwrap()

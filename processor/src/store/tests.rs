@@ -1,0 +1,421 @@
+use super::*;
+use streamapp_api::config::RocksDbProfile;
+
+const HOUR: Duration = Duration::from_secs(3600);
+const WINDOW: Window = Window {
+    retention: HOUR,
+    max_skew: Duration::from_secs(300),
+};
+
+pub(super) fn changelog(partition: i32) -> ChangelogIdentity {
+    ChangelogIdentity {
+        topic: "app-dedup-changelog".into(),
+        partition,
+        topic_id: None,
+    }
+}
+
+pub(super) fn try_open(dir: &Path, changelog: &ChangelogIdentity) -> Result<TaskStore> {
+    let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
+    TaskStore::open(
+        dir,
+        None,
+        &tuning,
+        &SharedMemory::new(&tuning, false),
+        MemoryRole::Active,
+        WINDOW,
+        changelog,
+    )
+}
+
+fn open(dir: &Path) -> TaskStore {
+    try_open(dir, &changelog(0)).unwrap()
+}
+
+#[test]
+fn staged_writes_are_invisible_until_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut staged = Staged::default();
+    staged.put(b"cmd-1", 1_000);
+    assert_eq!(
+        store.first_seen(b"cmd-1").unwrap(),
+        None,
+        "staged, not applied"
+    );
+    staged.changelog_offset = Some(7);
+    store.apply(&staged).unwrap();
+    assert_eq!(store.first_seen(b"cmd-1").unwrap(), Some(1_000));
+    assert_eq!(store.meta().changelog_offset, Some(7));
+}
+
+#[test]
+fn a_standby_stores_memtables_count_against_the_standby_budget_only() {
+    let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
+    let memory = SharedMemory::new(&tuning, true);
+    let (active_budget, standby_budget) = tuning.memtable_budgets(true);
+    assert_eq!(memory.memtable_budget(MemoryRole::Active), active_budget);
+    assert_eq!(memory.memtable_budget(MemoryRole::Standby), standby_budget);
+    assert!(standby_budget > 0 && active_budget + standby_budget == tuning.memtable_budget_bytes);
+    let open_as = |dir: &Path, partition, role| {
+        TaskStore::open(
+            dir,
+            None,
+            &tuning,
+            &memory,
+            role,
+            WINDOW,
+            &changelog(partition),
+        )
+        .unwrap()
+    };
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let _active = open_as(a.path(), 0, MemoryRole::Active);
+    let mut standby = open_as(b.path(), 1, MemoryRole::Standby);
+    assert_eq!(standby.memory_role(), MemoryRole::Standby);
+    let active_before = memory.memtable_bytes(MemoryRole::Active);
+    let standby_before = memory.memtable_bytes(MemoryRole::Standby);
+    // A standby catching up: a few MiB of ids in its memtables.
+    for batch in 0..8 {
+        let mut staged = Staged::default();
+        for i in 0..2_000 {
+            staged.put(format!("id-{batch}-{i:0>64}").as_bytes(), 1_000);
+        }
+        standby.apply(&staged).unwrap();
+    }
+    let standby_after = memory.memtable_bytes(MemoryRole::Standby);
+    assert!(
+        standby_after >= standby_before + (1 << 20),
+        "the standby's writes are counted against its budget: {standby_before} -> {standby_after}"
+    );
+    assert_eq!(
+        memory.memtable_bytes(MemoryRole::Active),
+        active_before,
+        "and not at all against the active stores'"
+    );
+    // Reopened as active (a promotion): its memtables move to the active budget.
+    standby.close().unwrap();
+    let mut promoted = open_as(b.path(), 1, MemoryRole::Active);
+    assert_eq!(
+        promoted
+            .first_seen(format!("id-7-{:0>64}", 1999).as_bytes())
+            .unwrap(),
+        Some(1_000)
+    );
+    let mut staged = Staged::default();
+    for i in 0..2_000 {
+        staged.put(format!("new-{i:0>64}").as_bytes(), 2_000);
+    }
+    promoted.apply(&staged).unwrap();
+    assert!(memory.memtable_bytes(MemoryRole::Active) > active_before);
+    assert!(memory.memtable_bytes(MemoryRole::Standby) < standby_after);
+}
+
+#[test]
+fn the_offset_a_store_holds_is_read_without_opening_it_even_from_its_wal_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut staged = Staged::default();
+    staged.put(b"a", 5);
+    staged.changelog_offset = Some(42);
+    store.apply(&staged).unwrap();
+    // Still open (as a store is when its process is killed): the offset is in the WAL and
+    // the memtable only, and the store's lock is held.
+    assert_eq!(
+        changelog_offset_on_disk(dir.path(), None, &changelog(0)).unwrap(),
+        Some(42)
+    );
+    assert_eq!(
+        changelog_offset_on_disk(dir.path(), None, &changelog(1)).unwrap(),
+        None,
+        "a store of another changelog partition vouches for nothing here"
+    );
+    assert_eq!(
+        store.meta().changelog_offset,
+        Some(42),
+        "and it is untouched"
+    );
+}
+
+#[test]
+fn offsets_survive_reopen_with_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = open(dir.path());
+        let mut staged = Staged::default();
+        staged.put(b"a", 5);
+        staged.changelog_offset = Some(3);
+        staged.input_offset = Some(10);
+        store.apply(&staged).unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!(
+        store.meta(),
+        &StoreMeta {
+            changelog_offset: Some(3),
+            input_offset: Some(10),
+            stream_time: Some(5),
+            expired_through: Some(5 - HOUR.as_millis() as i64)
+        }
+    );
+    assert_eq!(store.first_seen(b"a").unwrap(), Some(5));
+}
+
+#[test]
+fn ids_older_than_the_retention_expire_as_stream_time_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let hour = HOUR.as_millis() as i64;
+    for i in 0..100i64 {
+        let mut staged = Staged::default();
+        staged.put(format!("id-{i}").as_bytes(), i * hour / 10);
+        store.apply(&staged).unwrap();
+    }
+    // Stream time is 9.9 h: ids first seen before 8.9 h are gone.
+    assert_eq!(store.first_seen(b"id-0").unwrap(), None);
+    assert_eq!(store.first_seen(b"id-88").unwrap(), None);
+    assert_eq!(store.first_seen(b"id-90").unwrap(), Some(9 * hour));
+    assert_eq!(store.id_count().unwrap(), 11, "ids 89..=99 remain");
+}
+
+#[test]
+fn an_id_seen_again_later_is_not_expired_by_its_old_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let hour = HOUR.as_millis() as i64;
+    let mut staged = Staged::default();
+    staged.put(b"x", 0);
+    store.apply(&staged).unwrap();
+    let mut staged = Staged::default();
+    staged.put(b"x", 2 * hour); // seen again after its window: a new first-seen time
+    store.apply(&staged).unwrap();
+    assert_eq!(store.first_seen(b"x").unwrap(), Some(2 * hour));
+}
+
+#[test]
+fn the_store_does_not_depend_on_how_writes_were_batched() {
+    let hour = HOUR.as_millis() as i64;
+    // id, time: late records, repeats with older times, a jump in stream time.
+    let writes: Vec<(String, i64)> = (0..300)
+        .map(|i| {
+            (
+                format!("id-{}", i % 97),
+                (i * 7919 % 300) as i64 * hour / 50,
+            )
+        })
+        .collect();
+    let mut results = Vec::new();
+    for chunk in [1, 7, 300] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        for part in writes.chunks(chunk) {
+            let mut staged = Staged::default();
+            for (id, t) in part {
+                staged.put(id.as_bytes(), *t);
+            }
+            store.apply(&staged).unwrap();
+        }
+        let state: Vec<_> = (0..97)
+            .map(|i| store.first_seen(format!("id-{i}").as_bytes()).unwrap())
+            .collect();
+        results.push((state, store.id_count().unwrap()));
+    }
+    assert_eq!(results[0], results[1]);
+    assert_eq!(results[1], results[2]);
+}
+
+#[test]
+fn a_batch_written_in_the_background_is_seen_at_once_and_survives_a_close() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = open(dir.path());
+        let mut staged = Staged::default();
+        staged.put(b"cmd-1", 1_000);
+        staged.changelog_offset = Some(7);
+        staged.input_offset = Some(3);
+        store.apply_decided(staged).unwrap();
+        // Not waited for: the lookup answers from the batch being written.
+        assert_eq!(store.first_seen(b"cmd-1").unwrap(), Some(1_000));
+        assert_eq!(store.meta().changelog_offset, Some(7));
+        // Dropped without waiting: the drop lets the write finish.
+    }
+    let mut store = open(dir.path());
+    assert_eq!(store.first_seen(b"cmd-1").unwrap(), Some(1_000));
+    assert_eq!(store.meta().changelog_offset, Some(7));
+    assert_eq!(store.meta().input_offset, Some(3));
+    store.settle().unwrap();
+}
+
+#[test]
+fn lookups_during_a_background_apply_see_what_the_store_holds_after_it() {
+    let hour = HOUR.as_millis() as i64;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let mut first = Staged::default();
+    first.put(b"kept", hour + hour / 2);
+    first.put(b"seen-again", hour + 20);
+    store.apply(&first).unwrap();
+    // Decided against the store: each put newer than what it holds.
+    let mut second = Staged::default();
+    second.put(b"new", 2 * hour + 30);
+    second.put(b"seen-again", 2 * hour + 40);
+    second.put(b"late", 50); // before the window once stream time is 2 h: not written
+    let ids: [&[u8]; 5] = [b"kept", b"seen-again", b"new", b"late", b"never"];
+    store.apply_decided(second).unwrap();
+    let during: Vec<_> = ids.iter().map(|id| store.first_seen(id).unwrap()).collect();
+    store.settle().unwrap();
+    let after: Vec<_> = ids.iter().map(|id| store.first_seen(id).unwrap()).collect();
+    assert_eq!(during, after);
+    assert_eq!(
+        after,
+        [
+            Some(hour + hour / 2),
+            Some(2 * hour + 40),
+            Some(2 * hour + 30),
+            None,
+            None
+        ]
+    );
+}
+
+#[test]
+fn a_store_opened_for_another_changelog_partition_is_damaged_for_this_task() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path()));
+    let e = try_open(dir.path(), &changelog(1)).err().expect("refused");
+    assert_eq!(e.fault(), Fault::Damaged);
+    assert!(
+        e.reason()
+            .contains("belongs to changelog app-dedup-changelog partition 0"),
+        "{e}"
+    );
+    let other_topic = ChangelogIdentity {
+        topic: "other-dedup-changelog".into(),
+        partition: 0,
+        topic_id: None,
+    };
+    assert_eq!(
+        try_open(dir.path(), &other_topic).err().unwrap().fault(),
+        Fault::Damaged
+    );
+    // Its own changelog opens it.
+    drop(open(dir.path()));
+}
+
+#[test]
+fn a_store_of_a_changelog_since_recreated_under_the_same_name_is_damaged_for_this_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = ChangelogIdentity {
+        topic_id: Some([1; 16]),
+        ..changelog(0)
+    };
+    drop(try_open(dir.path(), &changelog(0)).unwrap()); // created before the id was known
+    drop(try_open(dir.path(), &first).unwrap()); // adopts it
+    drop(try_open(dir.path(), &changelog(0)).unwrap()); // an unknown id checks nothing
+    let recreated = ChangelogIdentity {
+        topic_id: Some([2; 16]),
+        ..changelog(0)
+    };
+    let e = try_open(dir.path(), &recreated).err().expect("refused");
+    assert_eq!(e.fault(), Fault::Damaged);
+    assert!(e.reason().contains("the changelog was recreated"), "{e}");
+    let (path, wal) = (dir.path(), None);
+    assert_eq!(
+        changelog_offset_on_disk(path, wal, &recreated).unwrap(),
+        None,
+        "not reported to the group as a copy of the new changelog"
+    );
+    drop(try_open(dir.path(), &first).unwrap());
+}
+
+#[test]
+fn a_store_whose_lock_is_held_is_unavailable_not_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = open(dir.path());
+    let e = try_open(dir.path(), &changelog(0)).err().expect("locked");
+    assert_eq!(
+        e.fault(),
+        Fault::Unavailable(streamapp_api::health::StoreUnavailable::Locked),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_store_missing_an_sst_file_is_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = open(dir.path());
+        let mut staged = Staged::default();
+        staged.put(b"a", 1);
+        store.apply(&staged).unwrap();
+        store.close().unwrap();
+    }
+    let sst = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "sst"))
+        .expect("an SST file after the flush");
+    std::fs::remove_file(sst).unwrap();
+    let e = try_open(dir.path(), &changelog(0)).err().expect("damaged");
+    assert_eq!(e.fault(), Fault::Damaged, "{e}");
+}
+
+#[test]
+fn expiry_of_a_large_backlog_is_spread_over_bounded_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let now = 100 * HOUR.as_millis() as i64;
+    let n = 2 * EXPIRY_CHUNK + 500;
+    let mut staged = Staged::default();
+    for i in 0..n {
+        staged.put(
+            format!("old-{i}").as_bytes(),
+            now - 2 * HOUR.as_millis() as i64,
+        );
+    }
+    store.apply_at(&staged, now, Existing::Check).unwrap();
+    assert_eq!(store.id_count().unwrap(), n as u64);
+    // Stream time moves past them all: each apply removes one chunk.
+    for left in [n - EXPIRY_CHUNK, n - 2 * EXPIRY_CHUNK, 0] {
+        let mut staged = Staged::default();
+        staged.put(b"new", now);
+        store.apply_at(&staged, now, Existing::Check).unwrap();
+        assert_eq!(store.id_count().unwrap() - 1, left as u64);
+    }
+    assert_eq!(
+        store.meta().expired_through,
+        Some(now - HOUR.as_millis() as i64)
+    );
+}
+
+#[test]
+fn a_record_time_far_in_the_future_moves_stream_time_only_to_the_clock_plus_the_skew() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let now = 100 * HOUR.as_millis() as i64;
+    let mut staged = Staged::default();
+    staged.put(b"recent", now - 1000);
+    store.apply_at(&staged, now, Existing::Check).unwrap();
+    let hundred_years = 100 * 365 * 24 * HOUR.as_millis() as i64;
+    let mut staged = Staged::default();
+    staged.observe_time(now + hundred_years);
+    store.apply_at(&staged, now, Existing::Check).unwrap();
+    assert_eq!(
+        store.meta().stream_time,
+        Some(now + WINDOW.max_skew.as_millis() as i64)
+    );
+    assert_eq!(
+        store.first_seen(b"recent").unwrap(),
+        Some(now - 1000),
+        "an id from a second ago is still remembered"
+    );
+}
+
+#[test]
+fn time_keys_sort_by_time_including_negative_times() {
+    let mut keys = [time_key(5, b"a"), time_key(-5, b"a"), time_key(0, b"a")];
+    keys.sort();
+    let times: Vec<_> = keys.iter().map(|k| parse_time_key(k).unwrap().0).collect();
+    assert_eq!(times, [-5, 0, 5]);
+}
