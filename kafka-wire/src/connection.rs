@@ -40,13 +40,17 @@ const OURS: [(ApiKey, i16, i16); 5] = [
 /// APIs negotiated when the broker speaks them, without which the connection still works:
 /// DescribeTransactions (Kafka 3.0, KIP-664) tells a zombie from a transaction the
 /// coordinator timed out (the processor's `txn_coordinator`); Metadata from version 10 (Kafka 2.8,
-/// KIP-516) gives a topic's id (the processor's `changelog::topic_id`); DescribeGroups from
-/// version 4 (static members' instance ids) finds the members the operator removes after a
-/// scale-in.
-const OPTIONAL: [(ApiKey, i16, i16); 3] = [
+/// KIP-516) gives a topic's id (the processor's `changelog::topic_id`) and partition leaders;
+/// DescribeGroups from version 4 (static members' instance ids) finds the members the operator
+/// removes after a scale-in; DescribeProducers, ListTransactions (Kafka 3.0, KIP-664) and
+/// WriteTxnMarkers find and end hanging transactions ([`crate::transactions`]).
+const OPTIONAL: [(ApiKey, i16, i16); 6] = [
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::Metadata, 10, 12),
     (ApiKey::DescribeGroups, 4, 6),
+    (ApiKey::DescribeProducers, 0, 0),
+    (ApiKey::ListTransactions, 0, 1),
+    (ApiKey::WriteTxnMarkers, 1, 1),
 ];
 
 /// The SASL APIs, negotiated only when the connection authenticates: SaslHandshake v1 (the

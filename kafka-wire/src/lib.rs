@@ -1,8 +1,10 @@
 //! Kafka requests that librdkafka does not offer, spoken over connections of our own with the
 //! `kafka-protocol` crate's messages: the processor's own static group membership (JoinGroup,
 //! SyncGroup, Heartbeat, LeaveGroup), DescribeTransactions (a zombie told from a timed-out
-//! transaction), a topic's id (Metadata v10+), and the operator's removal of static members
-//! whose pods a scale-in took away (DescribeGroups, LeaveGroup by instance id).
+//! transaction), a topic's id (Metadata v10+), the operator's removal of static members
+//! whose pods a scale-in took away (DescribeGroups, LeaveGroup by instance id), and hanging
+//! transactions found and ended ([`transactions`]: DescribeProducers, ListTransactions,
+//! WriteTxnMarkers).
 //!
 //! A [`Connection`] is one blocking connection to one broker, plain, TLS or SASL, set up from
 //! the same librdkafka client properties the rest of the program uses ([`Security`]).
@@ -11,6 +13,7 @@ mod connection;
 pub mod groups;
 mod scram;
 mod security;
+pub mod transactions;
 
 pub use connection::{Connection, CoordinatorKind, WireError, open_coordinator, open_first};
 pub use security::{Sasl, Security};

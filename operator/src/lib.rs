@@ -13,6 +13,8 @@
 //!   machines.
 //! - [`kafka`]: the StreamApp's topics and consumer group, seen with its own credentials; the
 //!   admin operations of reset and cleanup.
+//! - [`transaction_doctor`]: hanging transactions told from slow ones, and when one may be
+//!   ended (decisions only so far; not wired into the reconciler yet).
 //! - [`pod_health`]: what the kubelet reports about pods that cannot start or were OOM-killed.
 //! - [`secrets`]: the Secrets the pods read, hashed into the pod template.
 //! - [`rollout`]: rollouts that cannot get stuck; replacing a StatefulSet whose immutable
@@ -50,6 +52,7 @@ pub mod storage;
 pub mod task_reports;
 #[cfg(test)]
 mod testing;
+pub mod transaction_doctor;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 
 mod autoscaling;
 mod binary;
+mod hanging_transactions;
 mod helm_chart;
 mod kafka_checks;
 mod leader_election;
