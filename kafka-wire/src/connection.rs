@@ -381,6 +381,17 @@ impl Connection {
         self.exchange(version, request)
     }
 
+    /// Sends `request` at `version`, an API or a version this module does not negotiate: for
+    /// a caller that speaks an older protocol on purpose (the tests' hanging transaction, made
+    /// the way old clients could make one). The broker refuses a version it does not speak.
+    pub fn send_at<R: Request>(
+        &mut self,
+        version: i16,
+        request: &R,
+    ) -> Result<R::Response, WireError> {
+        self.exchange(version, request)
+    }
+
     fn protocol(&self, detail: String) -> WireError {
         WireError::Protocol {
             address: self.address.clone(),

@@ -3,7 +3,9 @@
 //! describe-producers`), what its coordinator knows of it (ListTransactions,
 //! DescribeTransactions), the partition's last stable offset held back by it, and an abort
 //! marker written to the partition's leader that ends it there, as `kafka-transactions.sh
-//! abort` does.
+//! abort` does; and a real hanging transaction, made deterministically (a transactional write
+//! its coordinator never heard of, as clients before KIP-890 could leave), diagnosed as hanging
+//! and ended by the abort marker.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use rdkafka::producer::{BaseRecord, Producer};
 use streamapp_kafka_wire::transactions::{self, PartitionProducer};
 use streamapp_kafka_wire::{Connection, Security};
 use streamapp_operator::transaction_doctor::{
-    CoordinatorView, Finding, Offsets, OpenTransaction, StuckSince, diagnose,
+    CoordinatorView, Finding, HangingReason, Offsets, OpenTransaction, StuckSince, diagnose,
 };
 use testbed::kafka::{self, Isolation};
 
@@ -205,4 +207,201 @@ fn open_transaction(p: &PartitionProducer) -> OpenTransaction {
         coordinator_epoch: p.coordinator_epoch,
         start_offset: p.open_transaction_start.expect("open"),
     }
+}
+
+/// Broker-wide dynamic configuration, set with Kafka's own `kafka-configs.sh`.
+fn set_broker_default(config: &str) {
+    let out = std::process::Command::new(testbed::dev_dir().join("kafka.sh"))
+        .args([
+            "tool",
+            "org.apache.kafka.tools.ConfigCommand",
+            "--alter",
+            "--entity-type",
+            "brokers",
+            "--entity-default",
+            "--add-config",
+            config,
+        ])
+        .output()
+        .expect("running dev/kafka.sh tool");
+    assert!(
+        out.status.success(),
+        "kafka-configs.sh --add-config {config} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Partition verification off while it lives (Kafka 3.6+ checks each transactional write
+/// against its coordinator; without that check a write the coordinator does not know of is
+/// what made transactions hang before KIP-890).
+struct VerificationOff;
+
+impl VerificationOff {
+    fn new() -> Self {
+        set_broker_default("transaction.partition.verification.enable=false");
+        VerificationOff
+    }
+}
+
+impl Drop for VerificationOff {
+    fn drop(&mut self) {
+        set_broker_default("transaction.partition.verification.enable=true");
+    }
+}
+
+/// Makes a hanging transaction on `topic`-`partition`, deterministically, as a client before
+/// KIP-890 could: a producer id for transactional id `txn_id` from its coordinator, then one
+/// transactional record written straight to the partition's leader without adding the
+/// partition to the transaction (Produce v9, partition verification off). The partition then
+/// has a transaction open that its coordinator does not know of: nothing will ever end it.
+fn make_hanging_transaction(topic: &str, partition: i32, txn_id: &str, leader: &str) {
+    use bytes::BytesMut;
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{
+        InitProducerIdRequest, ProduceRequest, ProducerId, TopicName, TransactionalId,
+    };
+    use kafka_protocol::protocol::StrBytes;
+    use kafka_protocol::records::{
+        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    };
+
+    let _off = VerificationOff::new();
+    let mut coordinator = streamapp_kafka_wire::open_coordinator(
+        &[kafka::bootstrap()],
+        "hanging-maker",
+        TIMEOUT,
+        &Security::default(),
+        streamapp_kafka_wire::CoordinatorKind::Transaction,
+        txn_id,
+    )
+    .unwrap();
+    let id = TransactionalId(StrBytes::from_string(txn_id.to_string()));
+    let init = coordinator
+        .send_at(
+            4,
+            &InitProducerIdRequest::default()
+                .with_transactional_id(Some(id.clone()))
+                .with_transaction_timeout_ms(60_000)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1),
+        )
+        .unwrap();
+    assert_eq!(init.error_code, 0, "InitProducerId");
+    let record = Record {
+        transactional: true,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: -1,
+        producer_id: init.producer_id.0,
+        producer_epoch: init.producer_epoch,
+        timestamp_type: TimestampType::Creation,
+        offset: 0,
+        sequence: 0,
+        timestamp: Timestamp::now().as_millisecond(),
+        key: Some(bytes::Bytes::from_static(b"k")),
+        value: Some(bytes::Bytes::from_static(b"hanging")),
+        headers: Default::default(),
+    };
+    let mut batch = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut batch,
+        [&record],
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .unwrap();
+    let produce = ProduceRequest::default()
+        .with_transactional_id(Some(id))
+        .with_acks(-1)
+        .with_timeout_ms(10_000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                .with_partition_data(vec![
+                    PartitionProduceData::default()
+                        .with_index(partition)
+                        .with_records(Some(batch.freeze())),
+                ]),
+        ]);
+    let response = connect(leader).send_at(9, &produce).unwrap();
+    let code = response
+        .responses
+        .iter()
+        .flat_map(|t| &t.partition_responses)
+        .map(|p| p.error_code)
+        .next();
+    assert_eq!(
+        code,
+        Some(0),
+        "the transactional write was refused: {response:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_its_coordinator_does_not_know_is_hanging_and_the_abort_marker_frees_the_partition()
+ {
+    let topic = testbed::unique_name("hung");
+    kafka::create_topic(&topic, 1).await;
+    let txn_id = testbed::unique_name("hung-txn");
+    let mut bootstrap = connect(&kafka::bootstrap());
+    let cluster = transactions::leaders(&mut bootstrap, std::slice::from_ref(&topic)).unwrap();
+    let leader_address = cluster.brokers[&cluster.leaders[&(topic.clone(), 0)]].clone();
+    make_hanging_transaction(&topic, 0, &txn_id, &leader_address);
+
+    let held = stable_and_end(&topic, 0);
+    assert_eq!(
+        held,
+        Offsets { stable: 0, end: 1 },
+        "the hanging transaction holds readers back"
+    );
+    let mut leader = connect(&leader_address);
+    let producers = transactions::describe_producers(&mut leader, &topic, &[0]).unwrap()[&0]
+        .clone()
+        .unwrap();
+    assert_eq!(producers.len(), 1, "{producers:?}");
+    let open = &producers[0];
+    assert_eq!(open.open_transaction_start, Some(0));
+    let mut listed = Vec::new();
+    for address in cluster.brokers.values() {
+        listed.extend(
+            transactions::list_transactions(&mut connect(address), &[open.producer_id]).unwrap(),
+        );
+    }
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let mut coordinator = streamapp_kafka_wire::open_coordinator(
+        &[kafka::bootstrap()],
+        "hanging-test",
+        TIMEOUT,
+        &Security::default(),
+        streamapp_kafka_wire::CoordinatorKind::Transaction,
+        &txn_id,
+    )
+    .unwrap();
+    let described = transactions::describe_transaction(&mut coordinator, &txn_id).unwrap();
+    let finding = diagnose(
+        &open_transaction(open),
+        &(topic.clone(), 0),
+        Some(&CoordinatorView {
+            transactional_id: listed[0].transactional_id.clone(),
+            producer_epoch: described.producer_epoch,
+            state: described.state.clone(),
+            partitions: described.partitions.clone(),
+        }),
+    );
+    assert_eq!(
+        finding,
+        Finding::Hanging {
+            owner: Some(txn_id.clone()),
+            reason: HangingReason::NotInProgress("Empty".into()),
+        },
+        "its coordinator has no transaction in progress: {described:?}"
+    );
+
+    transactions::write_abort_marker(&mut leader, &topic, 0, open).unwrap();
+    let after = stable_and_end(&topic, 0);
+    assert_eq!(after.stable, after.end, "the partition is free again");
+    assert_eq!(kafka::read_all(&topic, Isolation::ReadCommitted, |_| {}), 0);
 }
