@@ -178,6 +178,31 @@ pub fn group_member(pod: &str, thread: usize) -> String {
     }
 }
 
+/// The processors' `transaction.timeout.ms` unless the user sets it (librdkafka's default is
+/// 60 s; Kafka Streams uses 10 s under exactly-once): how long a dead instance's open
+/// transaction can hold back the restore of the tasks it had, and the reads of its outputs.
+pub const DEFAULT_TRANSACTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The `transaction.timeout.ms` the processors use, from the user's Kafka properties.
+pub fn transaction_timeout(
+    properties: &std::collections::BTreeMap<String, String>,
+) -> std::time::Duration {
+    properties
+        .get("transaction.timeout.ms")
+        .and_then(|v| v.parse().ok())
+        .map_or(
+            DEFAULT_TRANSACTION_TIMEOUT,
+            std::time::Duration::from_millis,
+        )
+}
+
+/// The transactional id of group member `member` ([`group_member`]) of application
+/// `application_id`: one producer per processing thread, fenced by the next instance of the
+/// same pod thread.
+pub fn transactional_id(application_id: &str, member: &str) -> String {
+    format!("{application_id}-{member}")
+}
+
 /// The pod a group member (by [`group_member`]'s naming) runs in.
 pub fn pod_of_group_member(member: &str) -> &str {
     match member.rsplit_once("-thread-") {

@@ -67,7 +67,9 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use streamapp_api::config::{GroupTiming, ResolvedConfig, ResolvedRocksDb, ResolvedTopology};
+use streamapp_api::config::{
+    DEFAULT_TRANSACTION_TIMEOUT, GroupTiming, ResolvedConfig, ResolvedRocksDb, ResolvedTopology,
+};
 use streamapp_api::health::{ProcessorPhase, Quarantine};
 use tracing::info;
 
@@ -93,16 +95,6 @@ const TXN_DEADLINE: Duration = Duration::from_secs(120);
 const DRAIN_SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
 /// How often task statistics (store size, WAL files) are refreshed for the health report.
 const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
-/// The producer's `transaction.timeout.ms` unless the user sets it (librdkafka's default is
-/// 60 s; Kafka Streams uses 10 s under exactly-once): how long a dead instance's open
-/// transaction can hold back the restore of the tasks it had, and the reads of its outputs.
-const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The transactional id of the producer of group member `member` (its group instance id: the
-/// pod name, or the pod's processing thread).
-fn transactional_id(application_id: &str, member: &str) -> String {
-    format!("{application_id}-{member}")
-}
 
 /// Sets `key` unless the user's client properties already do (tuning, not correctness: the
 /// properties the processor must own are refused by the configuration).
@@ -218,7 +210,7 @@ impl EngineConfig {
     }
 
     pub fn transactional_id(&self) -> String {
-        transactional_id(&self.application_id, &self.member_id())
+        streamapp_api::config::transactional_id(&self.application_id, &self.member_id())
     }
 
     /// The producer's `transaction.timeout.ms`: the coordinator aborts transactions open

@@ -76,7 +76,8 @@ impl MemberState for EngineReport {
     /// nothing open, and fencing that producer would make the new pod exit.
     fn fence_departed(&self, instance_ids: &BTreeSet<String>) {
         for instance in instance_ids {
-            let transactional_id = super::transactional_id(&self.application_id, instance);
+            let transactional_id =
+                streamapp_api::config::transactional_id(&self.application_id, instance);
             let state = CoordinatorClient::from_client(
                 &self.client,
                 format!("{}-fence", self.application_id),

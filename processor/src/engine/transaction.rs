@@ -22,10 +22,9 @@ use streamapp_api::health::DeadLetterNote;
 use tracing::{debug, warn};
 
 use super::delivery::{DeliveryTracker, Origin, ProduceError, await_deliveries};
-use super::{
-    DEFAULT_TRANSACTION_TIMEOUT, EngineConfig, EngineError, Stage, TXN_CALL_TIMEOUT, TXN_DEADLINE,
-    default_property,
-};
+use super::{EngineConfig, EngineError, Stage, TXN_CALL_TIMEOUT, TXN_DEADLINE, default_property};
+use streamapp_api::config::DEFAULT_TRANSACTION_TIMEOUT;
+
 use crate::faults::Faults;
 use crate::group::txn_offsets::{GroupGeneration, send_offsets_to_transaction};
 use crate::kafka_errors::{TxnErrorFacts, TxnFailure, classify_commit, classify_txn, is_retriable};
