@@ -304,6 +304,26 @@ pub struct KafkaSpec {
     /// when present, `ssl.certificate.location` / `ssl.key.location`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSecret>,
+    /// What the operator does about a *hanging* transaction: one open on a partition of the
+    /// app's topics that no transaction coordinator will ever end (every read_committed reader
+    /// stops at it). It is always reported (condition `TransactionsHealthy`, a Warning event
+    /// with the command an administrator would run). `IfOwnerGone` (the default) also ends it,
+    /// with an abort marker, when its producer is none of this app's running pods and the
+    /// partition is one of the app's internal topics (repartition, changelog), which only its
+    /// processors write; `IfOwnerGoneOnAllTopics` on its input, output, duplicates and
+    /// dead-letter topics too (only where no other application writes transactions);
+    /// `Never` only reports.
+    #[serde(default)]
+    pub abort_hanging_transactions: AbortHangingTransactions,
+}
+
+/// `spec.kafka.abortHangingTransactions`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum AbortHangingTransactions {
+    Never,
+    #[default]
+    IfOwnerGone,
+    IfOwnerGoneOnAllTopics,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

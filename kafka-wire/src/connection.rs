@@ -43,14 +43,16 @@ const OURS: [(ApiKey, i16, i16); 5] = [
 /// KIP-516) gives a topic's id (the processor's `changelog::topic_id`) and partition leaders;
 /// DescribeGroups from version 4 (static members' instance ids) finds the members the operator
 /// removes after a scale-in; DescribeProducers, ListTransactions (Kafka 3.0, KIP-664) and
-/// WriteTxnMarkers find and end hanging transactions ([`crate::transactions`]).
-const OPTIONAL: [(ApiKey, i16, i16); 6] = [
+/// WriteTxnMarkers find and end hanging transactions ([`crate::transactions`]), ListOffsets
+/// from version 2 (an isolation level) tells where read_committed readers stop.
+const OPTIONAL: [(ApiKey, i16, i16); 7] = [
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::Metadata, 10, 12),
     (ApiKey::DescribeGroups, 4, 6),
     (ApiKey::DescribeProducers, 0, 0),
     (ApiKey::ListTransactions, 0, 1),
     (ApiKey::WriteTxnMarkers, 1, 1),
+    (ApiKey::ListOffsets, 2, 7),
 ];
 
 /// The SASL APIs, negotiated only when the connection authenticates: SaslHandshake v1 (the

@@ -8,13 +8,15 @@
 use std::collections::BTreeMap;
 
 use kafka_protocol::messages::describe_producers_request::TopicRequest;
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::write_txn_markers_request::{
     WritableTxnMarker, WritableTxnMarkerTopic,
 };
 use kafka_protocol::messages::{
-    ApiKey, DescribeProducersRequest, DescribeTransactionsRequest, ListTransactionsRequest,
-    MetadataRequest, ProducerId, TopicName, TransactionalId, WriteTxnMarkersRequest,
+    ApiKey, BrokerId, DescribeProducersRequest, DescribeTransactionsRequest, ListOffsetsRequest,
+    ListTransactionsRequest, MetadataRequest, ProducerId, TopicName, TransactionalId,
+    WriteTxnMarkersRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -85,6 +87,62 @@ pub fn leaders(connection: &mut Connection, topics: &[String]) -> Result<Leaders
         }
     }
     Ok(Leaders { brokers, leaders })
+}
+
+/// Where the log of each of `partitions` (topic, partition) ends, asked of their leader
+/// (`connection`): the last stable offset (`read_committed`: where read_committed readers stop,
+/// at the first open transaction) or the high watermark. A partition the leader could not
+/// answer for is left out.
+pub fn end_offsets(
+    connection: &mut Connection,
+    partitions: &[(String, i32)],
+    read_committed: bool,
+) -> Result<BTreeMap<(String, i32), i64>, String> {
+    if !connection.speaks(ApiKey::ListOffsets) {
+        return Err(format!(
+            "{} does not speak ListOffsets version 2 or later",
+            connection.address()
+        ));
+    }
+    let mut by_topic: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (topic, partition) in partitions {
+        by_topic.entry(topic).or_default().push(*partition);
+    }
+    let request = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_isolation_level(i8::from(read_committed))
+        .with_topics(
+            by_topic
+                .into_iter()
+                .map(|(topic, partitions)| {
+                    ListOffsetsTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                        .with_partitions(
+                            partitions
+                                .into_iter()
+                                .map(|p| {
+                                    ListOffsetsPartition::default()
+                                        .with_partition_index(p)
+                                        // -1: the latest offset.
+                                        .with_timestamp(-1)
+                                        .with_current_leader_epoch(-1)
+                                })
+                                .collect(),
+                        )
+                })
+                .collect(),
+        );
+    let response = connection.send(&request).map_err(|e| e.to_string())?;
+    Ok(response
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .filter(|p| p.error_code == 0)
+                .map(move |p| ((t.name.0.to_string(), p.partition_index), p.offset))
+        })
+        .collect())
 }
 
 /// A producer of a partition, as its leader describes it.

@@ -145,6 +145,11 @@ impl Kafka {
         Ok(Kafka { config })
     }
 
+    /// The client properties of the app's brokers (bootstrap, security).
+    pub fn client_config(&self) -> &ClientConfig {
+        &self.config
+    }
+
     fn consumer(&self, group: Option<&str>) -> Result<BaseConsumer, String> {
         let mut config = self.config.clone();
         config.set("enable.auto.commit", "false");
@@ -301,7 +306,7 @@ impl Kafka {
         Ok((ends, committed))
     }
 
-    fn bootstrap(&self) -> String {
+    pub fn bootstrap(&self) -> String {
         self.config
             .get("bootstrap.servers")
             .unwrap_or_default()

@@ -26,6 +26,13 @@ pub struct ErrorLabels {
     pub error: String,
 }
 
+/// A StreamApp.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AppLabels {
+    pub namespace: String,
+    pub name: String,
+}
+
 /// The operator's metrics. Cheap to clone counters; share it behind an `Arc`.
 pub struct Metrics {
     registry: Registry,
@@ -37,6 +44,10 @@ pub struct Metrics {
     pub duration: Histogram,
     /// 1 while this instance holds the leader lease (or runs without election).
     pub leader: Gauge,
+    /// Hanging transactions the transaction doctor last found, by StreamApp.
+    pub hanging_transactions: Family<AppLabels, Gauge>,
+    /// Hanging transactions the transaction doctor ended, by StreamApp.
+    pub hanging_transactions_aborted: Family<AppLabels, Counter>,
     /// Liveness and readiness, for the probes.
     pub probes: Probes,
 }
@@ -86,6 +97,18 @@ impl Default for Metrics {
         let failures = Family::<ErrorLabels, Counter>::default();
         let duration = Histogram::new(exponential_buckets(0.005, 2.0, 12));
         let leader = Gauge::default();
+        let hanging_transactions = Family::<AppLabels, Gauge>::default();
+        let hanging_transactions_aborted = Family::<AppLabels, Counter>::default();
+        registry.register(
+            "hanging_transactions",
+            "Transactions open on a partition of the StreamApp's topics that no coordinator will end, at the last look",
+            hanging_transactions.clone(),
+        );
+        registry.register(
+            "hanging_transactions_aborted",
+            "Hanging transactions the operator ended with an abort marker",
+            hanging_transactions_aborted.clone(),
+        );
         registry.register(
             "reconciliations",
             "StreamApp reconciliations run",
@@ -112,6 +135,8 @@ impl Default for Metrics {
             failures,
             duration,
             leader,
+            hanging_transactions,
+            hanging_transactions_aborted,
             probes: Probes::default(),
         }
     }

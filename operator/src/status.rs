@@ -19,6 +19,7 @@ use crate::owned;
 use crate::pod_health::PodProblem;
 use crate::preflight::Blocker;
 use crate::storage::{STORAGE_NOT_EXPANDABLE, StorageFinding};
+use crate::transaction_doctor::TransactionsFinding;
 
 mod pod_reports;
 mod state_health;
@@ -72,6 +73,9 @@ pub struct Findings {
     /// The UID of each of the app's pods that exists, by name: a report written by another
     /// pod of the same name is stale ([`report_is_stale`]).
     pub pod_uids: BTreeMap<String, String>,
+    /// What the transaction doctor last found (`None`: it has not looked since the operator
+    /// started; the condition stays as it was).
+    pub transactions: Option<TransactionsFinding>,
 }
 
 /// What the operator saw of a StreamApp's Kafka (see [`crate::kafka`]).
@@ -322,7 +326,7 @@ pub fn compute_status(
         None => ("False", "AsExpected".to_string(), String::new()),
     };
 
-    let conditions = vec![
+    let mut conditions = vec![
         condition(
             &previous,
             READY,
@@ -425,6 +429,22 @@ pub fn compute_status(
             )
         },
     ];
+
+    match &findings.transactions {
+        Some(found) => {
+            let (status, reason, message) = transactions_condition(found);
+            conditions.push(condition(
+                &previous,
+                TRANSACTIONS_HEALTHY,
+                status,
+                reason,
+                message,
+                generation,
+                now,
+            ));
+        }
+        None => conditions.extend(find(&previous.conditions, TRANSACTIONS_HEALTHY).cloned()),
+    }
 
     let tasks = || reports.iter().flat_map(|p| p.tasks.iter());
     let config_hash = sts
@@ -614,6 +634,32 @@ fn oldest_checkpoint(reports: &[&PodStateStatus]) -> Option<Time> {
         })
         .min()
         .map(Time)
+}
+
+/// No partition of the app's topics is held back by a hanging transaction (see
+/// [`crate::transaction_doctor`]).
+pub const TRANSACTIONS_HEALTHY: &str = "TransactionsHealthy";
+pub const HANGING_TRANSACTION: &str = "HangingTransaction";
+
+fn transactions_condition(found: &TransactionsFinding) -> (&'static str, &'static str, String) {
+    match found {
+        TransactionsFinding::Healthy => ("True", "NoHangingTransaction", String::new()),
+        TransactionsFinding::Hanging(hanging) => (
+            "False",
+            HANGING_TRANSACTION,
+            hanging
+                .iter()
+                .map(|h| {
+                    format!(
+                        "{}/{}: producer {} open since offset {} ({})",
+                        h.topic, h.partition, h.producer_id, h.start_offset, h.detail
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+        TransactionsFinding::Unknown(why) => ("Unknown", "TransactionsUnchecked", why.clone()),
+    }
 }
 
 fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {

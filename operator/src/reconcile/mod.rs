@@ -8,6 +8,7 @@
 //! and writes the objects, [`operations`] works in the StreamApp's Kafka (topic checks, lag,
 //! reset, cleanup).
 
+pub mod doctor;
 mod objects;
 mod operations;
 mod plan;
@@ -71,6 +72,8 @@ pub struct Context {
     rates: operations::ProgressRates,
     /// The last look at each StreamApp's Kafka.
     kafka_views: operations::KafkaViews,
+    /// What the transaction doctor remembers of each StreamApp.
+    doctors: doctor::Doctors,
 }
 
 impl Context {
@@ -86,6 +89,7 @@ impl Context {
             failures: Default::default(),
             rates: Default::default(),
             kafka_views: Default::default(),
+            doctors: Default::default(),
         }
     }
 
@@ -147,6 +151,10 @@ pub async fn run_controller(ctx: Arc<Context>, namespace: Option<String>) {
     }
     let controller = Controller::new(api::<StreamApp>(&client, ns), watcher::Config::default());
     let apps = controller.store();
+    // The transaction doctor looks at every app on a timer of its own, and has one reconciled
+    // when what it found changed.
+    let (doctor_found, doctor_changes) = futures::channel::mpsc::unbounded();
+    tokio::spawn(doctor::run(ctx.clone(), apps.clone(), doctor_found));
     // Ready once the StreamApps are all in the cache: reconciles see the whole picture.
     let synced = apps.clone();
     let metrics = ctx.metrics.clone();
@@ -165,6 +173,7 @@ pub async fn run_controller(ctx: Arc<Context>, namespace: Option<String>) {
         }
     });
     controller
+        .reconcile_on(doctor_changes)
         .owns_stream(meta::<StatefulSet>(&client, ns, owned()))
         .owns_stream(meta::<Service>(&client, ns, owned()))
         .owns_stream(meta::<ConfigMap>(&client, ns, owned()))
@@ -412,6 +421,7 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         effective_replicas: (replicas != app.spec.replicas).then_some(replicas),
         reset: reset_status,
         scale_in: plan.scale_in_waiting,
+        transactions: ctx.doctors.finding(app),
     };
     let status = compute_status(app, sts.as_ref(), &findings, now);
     for notice in notices {

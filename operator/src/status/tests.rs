@@ -720,3 +720,65 @@ fn standby_coverage_counts_partitions_with_a_caught_up_standby_copy() {
     );
     assert_eq!(standby_coverage(&[], Some(4)).as_deref(), Some("0/4"));
 }
+
+#[test]
+fn a_hanging_transaction_is_a_condition_naming_the_partition_and_it_outlives_an_unlooked_reconcile()
+{
+    use crate::transaction_doctor::{HangingTransaction, TransactionsFinding};
+    let hanging = Findings {
+        transactions: Some(TransactionsFinding::Hanging(vec![HangingTransaction {
+            topic: "orders-changelog".into(),
+            partition: 3,
+            producer_id: 42,
+            start_offset: 1000,
+            detail: "its coordinator has no transaction in progress (Empty); not ended: spec.kafka.abortHangingTransactions is Never".into(),
+        }])),
+        ..Findings::default()
+    };
+    let status = status_of(&app(), Some(&steady(3)), &hanging, now());
+    let c = cond(&status, "TransactionsHealthy").clone();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "HangingTransaction")
+    );
+    assert_eq!(
+        c.message,
+        "orders-changelog/3: producer 42 open since offset 1000 (its coordinator has no \
+         transaction in progress (Empty); not ended: spec.kafka.abortHangingTransactions is Never)"
+    );
+    // A reconcile before the doctor's first look (the operator restarted) keeps the condition.
+    let reported = with_status(app(), status.clone());
+    let again = status_of(&reported, Some(&steady(3)), &Findings::default(), later(5));
+    assert_eq!(cond(&again, "TransactionsHealthy"), &c);
+    let healthy = Findings {
+        transactions: Some(TransactionsFinding::Healthy),
+        ..Findings::default()
+    };
+    let fixed = status_of(&reported, Some(&steady(3)), &healthy, later(10));
+    let c = cond(&fixed, "TransactionsHealthy");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "NoHangingTransaction")
+    );
+    let unknown = Findings {
+        transactions: Some(TransactionsFinding::Unknown("the broker is away".into())),
+        ..Findings::default()
+    };
+    let c = cond(
+        &status_of(&reported, Some(&steady(3)), &unknown, later(10)),
+        "TransactionsHealthy",
+    )
+    .clone();
+    assert_eq!(
+        (c.status.as_str(), c.message.as_str()),
+        ("Unknown", "the broker is away")
+    );
+    let first = status_of(&app(), Some(&steady(3)), &Findings::default(), now());
+    assert!(
+        first
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "TransactionsHealthy"),
+        "no condition before the first look"
+    );
+}

@@ -14,6 +14,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
+use streamapp_api::config::{group_member, internal_topics, transaction_timeout, transactional_id};
+use streamapp_api::crd::{AbortHangingTransactions, StreamApp};
+
+use crate::processor_config::application_id;
+
+pub mod kafka;
 
 /// A topic and a partition.
 pub type TopicPartition = (String, i32);
@@ -164,16 +170,6 @@ pub fn diagnose(
     }
 }
 
-/// `spec.kafka.abortHangingTransactions`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AbortPolicy {
-    /// Show hanging transactions, never end them.
-    Never,
-    /// End a hanging transaction whose producer is not one of this app's live transactional
-    /// ids, on the app's internal topics (and on its other topics when the user opts in).
-    IfOwnerGone,
-}
-
 /// What a topic is to the app.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TopicRole {
@@ -198,12 +194,10 @@ pub enum Action {
 /// that run now (a hanging transaction of one of them is left alone unless that pod's producer
 /// fenced it); `last_abort`: when this partition was last aborted by the operator (at most
 /// once per `threshold`, never in a loop).
-#[allow(clippy::too_many_arguments)]
 pub fn decide(
     finding: &Finding,
     role: TopicRole,
-    policy: AbortPolicy,
-    abort_shared_topics: bool,
+    policy: AbortHangingTransactions,
     live_ids: &[String],
     last_abort: Option<Timestamp>,
     threshold: Duration,
@@ -215,10 +209,10 @@ pub fn decide(
     let report = |why_not: &str| Action::Report {
         why_not: why_not.to_string(),
     };
-    if policy == AbortPolicy::Never {
+    if policy == AbortHangingTransactions::Never {
         return report("spec.kafka.abortHangingTransactions is Never");
     }
-    if role == TopicRole::Shared && !abort_shared_topics {
+    if role == TopicRole::Shared && policy != AbortHangingTransactions::IfOwnerGoneOnAllTopics {
         return report(
             "the topic is not one of the app's internal topics (other producers may write to it)",
         );
@@ -233,6 +227,97 @@ pub fn decide(
         return report("an abort was written less than the threshold ago; waiting for it to show");
     }
     Action::Abort
+}
+
+/// How long a partition's last stable offset may stand still behind its end before the
+/// transaction holding it is examined: twice the transaction timeout the processors use (a
+/// live transaction is ended by its coordinator within one).
+pub fn threshold(app: &StreamApp) -> Duration {
+    2 * transaction_timeout(&app.spec.kafka.properties)
+}
+
+/// The topics of an app that the doctor watches, each with its role.
+pub fn watched_topics(app: &StreamApp) -> Vec<(String, TopicRole)> {
+    let application_id = application_id(app);
+    let topology = &app.spec.topology;
+    let mut topics: Vec<(String, TopicRole)> = internal_topics(&application_id)
+        .into_iter()
+        .map(|t| (t, TopicRole::Internal))
+        .collect();
+    topics.extend(
+        [
+            Some(&topology.input_topic),
+            Some(&topology.output_topic),
+            Some(&topology.dead_letter_topic),
+            topology.duplicates_topic.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|t| (t.clone(), TopicRole::Shared)),
+    );
+    topics
+}
+
+/// The transactional ids of this app's pods that exist now (`pods`: their names), one per
+/// processing thread.
+pub fn live_transactional_ids(app: &StreamApp, pods: &[String]) -> Vec<String> {
+    let application_id = application_id(app);
+    let threads = app.spec.processing_threads.max(1) as usize;
+    pods.iter()
+        .flat_map(|pod| (0..threads).map(move |t| group_member(pod, t)))
+        .map(|member| transactional_id(&application_id, &member))
+        .collect()
+}
+
+/// One hanging transaction, as the status shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HangingTransaction {
+    pub topic: String,
+    pub partition: i32,
+    pub producer_id: i64,
+    /// The offset of its first record on the partition: where read_committed readers stop.
+    pub start_offset: i64,
+    /// Why it hangs, and what the operator did or why it did not end it.
+    pub detail: String,
+}
+
+impl HangingTransaction {
+    /// What an administrator would run to end it by hand.
+    pub fn command(&self, bootstrap: &str) -> String {
+        format!(
+            "kafka-transactions.sh --bootstrap-server {bootstrap} abort --topic {} --partition {} --start-offset {}",
+            self.topic, self.partition, self.start_offset
+        )
+    }
+}
+
+/// What the doctor last found for an app's transactions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransactionsFinding {
+    /// No partition is held back by a hanging transaction.
+    Healthy,
+    /// These are (or were, until the abort the detail names).
+    Hanging(Vec<HangingTransaction>),
+    /// The doctor could not look (why).
+    Unknown(String),
+}
+
+/// The reason a hanging transaction is not ended by itself, in words.
+pub fn explain(reason: &HangingReason) -> String {
+    match reason {
+        HangingReason::UnknownProducer => {
+            "no transaction coordinator knows its producer any more".into()
+        }
+        HangingReason::NotInProgress(state) => {
+            format!("its coordinator has no transaction in progress ({state})")
+        }
+        HangingReason::PartitionNotInTransaction => {
+            "its coordinator's transaction does not include the partition".into()
+        }
+        HangingReason::Fenced { coordinator_epoch } => {
+            format!("its producer was fenced (the coordinator is at epoch {coordinator_epoch})")
+        }
+    }
 }
 
 #[cfg(test)]
@@ -367,28 +452,16 @@ mod tests {
             reason: HangingReason::NotInProgress("Empty".into()),
         };
         let live = vec!["orders-orders-0".to_string(), "orders-orders-2".to_string()];
-        let decide_with = |finding: &Finding,
-                           role,
-                           policy,
-                           opt_in,
-                           live_ids: &[String],
-                           last: Option<Timestamp>| {
-            decide(
-                finding,
-                role,
-                policy,
-                opt_in,
-                live_ids,
-                last,
-                threshold,
-                at(100),
-            )
-        };
+        let decide_with =
+            |finding: &Finding, role, policy, live_ids: &[String], last: Option<Timestamp>| {
+                decide(finding, role, policy, live_ids, last, threshold, at(100))
+            };
         let internal = TopicRole::Internal;
         let shared = TopicRole::Shared;
-        let if_gone = AbortPolicy::IfOwnerGone;
+        let if_gone = AbortHangingTransactions::IfOwnerGone;
+        let everywhere = AbortHangingTransactions::IfOwnerGoneOnAllTopics;
         assert_eq!(
-            decide_with(&gone, internal, if_gone, false, &[], None),
+            decide_with(&gone, internal, if_gone, &[], None),
             Action::Abort
         );
         assert_eq!(
@@ -399,7 +472,6 @@ mod tests {
                 },
                 internal,
                 if_gone,
-                false,
                 &live,
                 None
             ),
@@ -407,18 +479,18 @@ mod tests {
             "a producer id no coordinator knows belongs to no live transactional id"
         );
         let not_aborted = [
-            decide_with(&gone, internal, AbortPolicy::Never, false, &[], None),
-            decide_with(&gone, shared, if_gone, false, &[], None),
-            decide_with(&gone, internal, if_gone, false, &live, None),
-            decide_with(&gone, internal, if_gone, false, &[], Some(at(90))),
+            decide_with(&gone, internal, AbortHangingTransactions::Never, &[], None),
+            decide_with(&gone, shared, if_gone, &[], None),
+            decide_with(&gone, internal, if_gone, &live, None),
+            decide_with(&gone, internal, if_gone, &[], Some(at(90))),
         ];
         for action in &not_aborted {
             assert!(matches!(action, Action::Report { .. }), "{action:?}");
         }
         assert_eq!(
-            decide_with(&gone, shared, if_gone, true, &[], None),
+            decide_with(&gone, shared, everywhere, &[], None),
             Action::Abort,
-            "opted in"
+            "opted in for every topic"
         );
         let fenced = Finding::Hanging {
             owner: Some("orders-orders-2".into()),
@@ -427,12 +499,12 @@ mod tests {
             },
         };
         assert_eq!(
-            decide_with(&fenced, internal, if_gone, false, &live, None),
+            decide_with(&fenced, internal, if_gone, &live, None),
             Action::Abort,
             "the running pod's producer is at a later epoch: the open one is nobody's"
         );
         assert_eq!(
-            decide_with(&gone, internal, if_gone, false, &[], Some(at(70))),
+            decide_with(&gone, internal, if_gone, &[], Some(at(70))),
             Action::Abort,
             "the last abort is a threshold old: once more"
         );
@@ -440,7 +512,7 @@ mod tests {
             transactional_id: "orders-orders-0".into(),
         };
         assert_eq!(
-            decide_with(&in_progress, internal, if_gone, true, &[], None),
+            decide_with(&in_progress, internal, everywhere, &[], None),
             Action::Wait
         );
     }

@@ -7,6 +7,8 @@
 //! its coordinator never heard of, as clients before KIP-890 could leave), diagnosed as hanging
 //! and ended by the abort marker.
 
+use crate::support;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -234,13 +236,17 @@ fn set_broker_default(config: &str) {
 
 /// Partition verification off while it lives (Kafka 3.6+ checks each transactional write
 /// against its coordinator; without that check a write the coordinator does not know of is
-/// what made transactions hang before KIP-890).
-struct VerificationOff;
+/// what made transactions hang before KIP-890). One at a time: the setting is the broker's,
+/// and the tests of this module run side by side.
+struct VerificationOff(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+
+static BROKER_SETTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl VerificationOff {
     fn new() -> Self {
+        let held = BROKER_SETTING.lock().unwrap_or_else(|e| e.into_inner());
         set_broker_default("transaction.partition.verification.enable=false");
-        VerificationOff
+        VerificationOff(held)
     }
 }
 
@@ -404,4 +410,144 @@ async fn a_transaction_its_coordinator_does_not_know_is_hanging_and_the_abort_ma
     let after = stable_and_end(&topic, 0);
     assert_eq!(after.stable, after.end, "the partition is free again");
     assert_eq!(kafka::read_all(&topic, Isolation::ReadCommitted, |_| {}), 0);
+}
+
+/// The app's events' reasons and notes.
+async fn events(client: &kube::Client, ns: &str) -> Vec<(String, String)> {
+    kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+/// A StreamApp on the fake node (nothing runs) whose changelog partition 0 holds a hanging
+/// transaction; `policy`: its `spec.kafka.abortHangingTransactions`. The processors'
+/// transaction timeout is 2 s, so the doctor's threshold is 4 s. Returns the changelog.
+async fn app_with_a_hanging_changelog(client: &kube::Client, ns: &str, policy: &str) -> String {
+    let base = testbed::unique_name("doctor");
+    let (input, output, dlq) = (
+        format!("{base}-in"),
+        format!("{base}-out"),
+        format!("{base}-dlq"),
+    );
+    for t in [&input, &output, &dlq] {
+        kafka::create_topic(t, 1).await;
+    }
+    let changelog = streamapp_api::config::changelog_topic(&format!("{ns}.orders"));
+    kafka::create_topic(&changelog, 1).await;
+    let mut app = support::streamapp_json("orders", 1);
+    app["spec"]["kafka"] = serde_json::json!({
+        "bootstrapServers": kafka::bootstrap(),
+        "properties": { "transaction.timeout.ms": "2000" },
+        "abortHangingTransactions": policy,
+    });
+    app["spec"]["topology"] = serde_json::json!({
+        "inputTopic": input, "outputTopic": output, "deadLetterTopic": dlq,
+    });
+    support::create(client, ns, app).await;
+    let mut bootstrap = connect(&kafka::bootstrap());
+    let cluster = transactions::leaders(&mut bootstrap, std::slice::from_ref(&changelog)).unwrap();
+    let leader = cluster.brokers[&cluster.leaders[&(changelog.clone(), 0)]].clone();
+    make_hanging_transaction(&changelog, 0, &testbed::unique_name("gone-pod"), &leader);
+    changelog
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_operator_ends_a_hanging_transaction_on_the_changelog_and_says_so() {
+    support::with_operator("doctor-abort", |client, ns| async move {
+        let changelog = app_with_a_hanging_changelog(&client, &ns, "IfOwnerGone").await;
+        let aborted = support::eventually(Duration::from_secs(60), "the abort's event", || {
+            let (client, ns) = (client.clone(), ns.clone());
+            async move {
+                events(&client, &ns)
+                    .await
+                    .into_iter()
+                    .find(|(reason, _)| reason == "HangingTransactionAborted")
+            }
+        })
+        .await;
+        assert!(
+            aborted.1.contains(&format!("on {changelog}/0")),
+            "{aborted:?}"
+        );
+        let freed = stable_and_end(&changelog, 0);
+        assert_eq!(freed.stable, freed.end, "the partition is free again");
+        let status = support::wait_for_status(&client, &ns, "orders", "TransactionsHealthy", |s| {
+            support::condition(s, "TransactionsHealthy")
+                == Some(("True".into(), "NoHangingTransaction".into()))
+        })
+        .await;
+        assert!(
+            status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "TransactionsHealthy")
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_never_the_operator_reports_a_hanging_transaction_and_leaves_it() {
+    support::with_operator("doctor-never", |client, ns| async move {
+        let changelog = app_with_a_hanging_changelog(&client, &ns, "Never").await;
+        let status = support::wait_for_status(&client, &ns, "orders", "HangingTransaction", |s| {
+            support::condition(s, "TransactionsHealthy")
+                == Some(("False".into(), "HangingTransaction".into()))
+        })
+        .await;
+        let message = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "TransactionsHealthy")
+            .map(|c| c.message.clone())
+            .unwrap();
+        assert!(
+            message.contains(&format!("{changelog}/0: producer"))
+                && message.contains("open since offset 0")
+                && message.contains("not ended: spec.kafka.abortHangingTransactions is Never"),
+            "{message}"
+        );
+        let warning = support::eventually(Duration::from_secs(30), "the warning event", || {
+            let (client, ns) = (client.clone(), ns.clone());
+            async move {
+                events(&client, &ns)
+                    .await
+                    .into_iter()
+                    .find(|(reason, _)| reason == "HangingTransaction")
+            }
+        })
+        .await;
+        assert!(
+            warning.1.contains(&format!(
+                "abort --topic {changelog} --partition 0 --start-offset 0"
+            )),
+            "the event gives the command: {warning:?}"
+        );
+        // Several looks later it is still there, and nothing ended it.
+        tokio::time::sleep(3 * streamapp_operator::reconcile::doctor::LOOK_EVERY).await;
+        let held = stable_and_end(&changelog, 0);
+        assert_eq!(held, Offsets { stable: 0, end: 1 });
+        assert!(
+            !events(&client, &ns)
+                .await
+                .iter()
+                .any(|(reason, _)| reason == "HangingTransactionAborted")
+        );
+        // Ended by hand for the next tests: the broker is shared.
+        let mut bootstrap = connect(&kafka::bootstrap());
+        let cluster =
+            transactions::leaders(&mut bootstrap, std::slice::from_ref(&changelog)).unwrap();
+        let mut leader = connect(&cluster.brokers[&cluster.leaders[&(changelog.clone(), 0)]]);
+        let open = transactions::describe_producers(&mut leader, &changelog, &[0]).unwrap()[&0]
+            .clone()
+            .unwrap()
+            .remove(0);
+        transactions::write_abort_marker(&mut leader, &changelog, 0, &open).unwrap();
+    })
+    .await;
 }

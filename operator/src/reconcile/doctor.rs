@@ -1,0 +1,265 @@
+//! The transaction doctor's loop (issue: hanging transactions): every few seconds it looks at
+//! each running StreamApp's topics, finds partitions whose last stable offset has stood still
+//! behind their end for the threshold, tells a hanging transaction from a slow one, ends it
+//! when the policy allows ([`crate::transaction_doctor`] decides; this only reads, writes and
+//! remembers), publishes a Warning event, and has the app reconciled when what it found
+//! changed, so that the status's `TransactionsHealthy` condition says it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use streamapp_api::annotations::{PAUSED, is_true};
+use streamapp_api::crd::StreamApp;
+use tracing::{info, warn};
+
+use super::Context;
+use super::objects::{list_pods, publish, read_secrets};
+use crate::events::Notice;
+use crate::kafka::Kafka;
+use crate::metrics::AppLabels;
+use crate::transaction_doctor::kafka::Brokers;
+use crate::transaction_doctor::{
+    Action, HangingTransaction, StuckSince, TopicPartition, TopicRole, TransactionsFinding, decide,
+    diagnose, explain, live_transactional_ids, threshold, watched_topics,
+};
+
+/// How often each app's partitions are looked at.
+pub const LOOK_EVERY: Duration = Duration::from_secs(5);
+
+/// Event reasons.
+pub const HANGING_TRANSACTION: &str = "HangingTransaction";
+pub const HANGING_TRANSACTION_ABORTED: &str = "HangingTransactionAborted";
+
+/// What the doctor remembers of each app between looks.
+#[derive(Default)]
+pub struct Doctors {
+    apps: Mutex<BTreeMap<(String, String), AppDoctor>>,
+}
+
+#[derive(Clone, Default)]
+struct AppDoctor {
+    stuck: StuckSince,
+    /// When the doctor last wrote an abort marker on each partition.
+    last_aborts: BTreeMap<TopicPartition, Timestamp>,
+    finding: Option<TransactionsFinding>,
+}
+
+fn key(app: &StreamApp) -> (String, String) {
+    (app.namespace().unwrap_or_default(), app.name_any())
+}
+
+impl Doctors {
+    /// What the doctor last found for `app` (`None`: it has not looked yet).
+    pub fn finding(&self, app: &StreamApp) -> Option<TransactionsFinding> {
+        self.apps
+            .lock()
+            .unwrap()
+            .get(&key(app))
+            .and_then(|d| d.finding.clone())
+    }
+
+    fn state(&self, app: &StreamApp) -> AppDoctor {
+        self.apps
+            .lock()
+            .unwrap()
+            .get(&key(app))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Keeps `state`; returns whether the finding changed.
+    fn keep(&self, app: &StreamApp, state: AppDoctor) -> bool {
+        let mut apps = self.apps.lock().unwrap();
+        let before = apps.get(&key(app)).and_then(|d| d.finding.clone());
+        let changed = before != state.finding;
+        apps.insert(key(app), state);
+        changed
+    }
+}
+
+/// Runs the doctor over the StreamApps in `apps` until the operator stops; `changed` gets each
+/// app whose finding changed.
+pub async fn run(
+    ctx: Arc<Context>,
+    apps: Store<StreamApp>,
+    changed: UnboundedSender<ObjectRef<StreamApp>>,
+) {
+    loop {
+        tokio::time::sleep(LOOK_EVERY).await;
+        for app in apps.state() {
+            if app.metadata.deletion_timestamp.is_some() || is_true(app.annotations(), PAUSED) {
+                continue;
+            }
+            if look(&ctx, &app).await {
+                let _ = changed.unbounded_send(ObjectRef::from_obj(&*app));
+            }
+        }
+    }
+}
+
+/// One look at `app`; returns whether its finding changed.
+async fn look(ctx: &Context, app: &StreamApp) -> bool {
+    let mut state = ctx.doctors.state(app);
+    let kafka = match read_secrets(&ctx.client, app).await {
+        Ok(secrets) => Kafka::for_app(app, &super::secrets_by_name(&secrets)),
+        Err(e) => Err(e.to_string()),
+    };
+    let pods = match list_pods(&ctx.client, app).await {
+        Ok(pods) => Ok(pods.iter().map(|p| p.name_any()).collect::<Vec<_>>()),
+        Err(e) => Err(e.to_string()),
+    };
+    let (kafka, pods) = match (kafka, pods) {
+        (Ok(kafka), Ok(pods)) => (kafka, pods),
+        (Err(e), _) | (_, Err(e)) => {
+            state.finding = Some(TransactionsFinding::Unknown(e));
+            return ctx.doctors.keep(app, state);
+        }
+    };
+    let owned_app = app.clone();
+    let looked = tokio::task::spawn_blocking(move || {
+        examine(&owned_app, &kafka, &pods, state, Timestamp::now())
+    })
+    .await;
+    let (state, notices) = match looked {
+        Ok(done) => done,
+        Err(e) => {
+            warn!(error = %e, "the transaction doctor panicked");
+            return false;
+        }
+    };
+    let labels = AppLabels {
+        namespace: app.namespace().unwrap_or_default(),
+        name: app.name_any(),
+    };
+    let hanging = match &state.finding {
+        Some(TransactionsFinding::Hanging(h)) => h.len() as i64,
+        _ => 0,
+    };
+    ctx.metrics
+        .hanging_transactions
+        .get_or_create(&labels)
+        .set(hanging);
+    for notice in notices {
+        if notice.reason == HANGING_TRANSACTION_ABORTED {
+            ctx.metrics
+                .hanging_transactions_aborted
+                .get_or_create(&labels)
+                .inc();
+        }
+        publish(ctx, app, notice).await;
+    }
+    ctx.doctors.keep(app, state)
+}
+
+/// Looks at `app`'s partitions, ends what may be ended: the state to keep and the events to
+/// publish. Blocking.
+fn examine(
+    app: &StreamApp,
+    kafka: &Kafka,
+    pods: &[String],
+    mut state: AppDoctor,
+    now: Timestamp,
+) -> (AppDoctor, Vec<Notice>) {
+    let mut notices = Vec::new();
+    let previous = state.finding.clone();
+    let result = (|| -> Result<Vec<HangingTransaction>, String> {
+        let brokers = Brokers::new(kafka.client_config())?;
+        let topics = watched_topics(app);
+        let roles: BTreeMap<String, TopicRole> = topics.iter().cloned().collect();
+        let names: Vec<String> = topics.into_iter().map(|(t, _)| t).collect();
+        let leaders = brokers.leaders(&names)?;
+        state.stuck = state.stuck.observe(&brokers.offsets(&leaders)?, now);
+        let threshold = threshold(app);
+        let suspects = state.stuck.suspects(threshold, now);
+        if suspects.is_empty() {
+            return Ok(Vec::new());
+        }
+        let live = live_transactional_ids(app, pods);
+        let policy = app.spec.kafka.abort_hanging_transactions;
+        let mut hanging = Vec::new();
+        for holder in brokers.holders(&leaders, &suspects)? {
+            let open = holder.open_transaction();
+            let finding = diagnose(&open, &holder.partition, holder.known.as_ref());
+            let crate::transaction_doctor::Finding::Hanging { owner, reason } = &finding else {
+                continue;
+            };
+            let (topic, partition) = holder.partition.clone();
+            let role = roles.get(&topic).copied().unwrap_or(TopicRole::Shared);
+            let last_abort = state.last_aborts.get(&holder.partition).copied();
+            let owner = owner
+                .as_deref()
+                .unwrap_or("a producer no coordinator knows");
+            let why = explain(reason);
+            let mut report = HangingTransaction {
+                topic: topic.clone(),
+                partition,
+                producer_id: open.producer_id,
+                start_offset: open.start_offset,
+                detail: String::new(),
+            };
+            match decide(&finding, role, policy, &live, last_abort, threshold, now) {
+                Action::Wait => continue,
+                Action::Abort => match brokers.abort(&leaders, &holder) {
+                    Ok(()) => {
+                        state.last_aborts.insert(holder.partition.clone(), now);
+                        report.detail = format!("{why}; its owner ({owner}) is gone: aborted");
+                        info!(app = %app.name_any(), topic, partition, producer = open.producer_id,
+                            start_offset = open.start_offset, "aborted a hanging transaction");
+                        notices.push(Notice {
+                            warning: true,
+                            reason: HANGING_TRANSACTION_ABORTED,
+                            note: format!(
+                                "ended the hanging transaction of producer {} on {topic}/{partition} \
+                                 (open since offset {}; {why}; owner {owner}) with an abort marker",
+                                open.producer_id, open.start_offset
+                            ),
+                        });
+                    }
+                    Err(e) => {
+                        report.detail = format!("{why}; the abort failed: {e}");
+                        notices.push(Notice {
+                            warning: true,
+                            reason: HANGING_TRANSACTION,
+                            note: format!(
+                                "could not end the hanging transaction on {topic}/{partition}: {e}; \
+                                 by hand: {}",
+                                report.command(&kafka.bootstrap())
+                            ),
+                        });
+                    }
+                },
+                Action::Report { why_not } => {
+                    report.detail = format!("{why}; not ended: {why_not}");
+                    notices.push(Notice {
+                        warning: true,
+                        reason: HANGING_TRANSACTION,
+                        note: format!(
+                            "a hanging transaction of producer {} holds {topic}/{partition} at \
+                             offset {} ({why}); not ended: {why_not}; by hand: {}",
+                            open.producer_id,
+                            open.start_offset,
+                            report.command(&kafka.bootstrap())
+                        ),
+                    });
+                }
+            }
+            hanging.push(report);
+        }
+        Ok(hanging)
+    })();
+    state.finding = Some(match result {
+        Ok(hanging) if hanging.is_empty() => TransactionsFinding::Healthy,
+        Ok(hanging) => TransactionsFinding::Hanging(hanging),
+        Err(e) => TransactionsFinding::Unknown(e),
+    });
+    // The same hanging transaction is announced once, not at every look.
+    if state.finding == previous {
+        notices.clear();
+    }
+    (state, notices)
+}
