@@ -6,6 +6,7 @@
 //! loudly — naming the service and the command that starts it — when one is not running. Tests
 //! never skip.
 
+pub mod hanging_transaction;
 pub mod helm;
 pub mod kafka;
 pub mod kube;

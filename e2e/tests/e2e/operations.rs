@@ -154,3 +154,59 @@ async fn deleting_a_streamapp_keeps_its_group_and_internal_topics_under_retain_a
         s.finish().await;
     }
 }
+
+/// A hanging transaction on the repartition topic stops the dedup stage of that partition
+/// (read_committed readers stop at it): the operator's transaction doctor finds it, ends it
+/// (the default `IfOwnerGone`: its producer is none of the app's pods), and the stream goes on
+/// exactly once.
+#[tokio::test]
+async fn a_hanging_transaction_on_the_repartition_topic_is_ended_and_the_stream_goes_on_exactly_once()
+ {
+    let s = Scenario::start("hanging", 4).await;
+    s.apply(&s.example());
+    s.wait_ready(READY_TIMEOUT).await;
+    let repartition = streamapp_api::config::repartition_topic(&s.application_id());
+    // The route stage made the topic when the app started.
+    testbed::hanging_transaction::make(&repartition, 0);
+    let mut sent = Sent::new();
+    sent.produce(&s, 600, 0.3, 0);
+    let events = kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+        s.client.clone(),
+        &s.namespace,
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let aborted = loop {
+        let found = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("HangingTransactionAborted"));
+        if let Some(event) = found {
+            break event.note.unwrap_or_default();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no HangingTransactionAborted event:\n{}",
+            s.diagnostics().await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        aborted.contains(&format!("on {repartition}/0")),
+        "{aborted}"
+    );
+    s.assert_exactly_once(&sent);
+    s.wait_for_status(
+        "the transactions healthy again",
+        Duration::from_secs(60),
+        |st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == "TransactionsHealthy" && c.status == "True")
+        },
+    )
+    .await;
+    s.finish().await;
+}

@@ -211,151 +211,15 @@ fn open_transaction(p: &PartitionProducer) -> OpenTransaction {
     }
 }
 
-/// Broker-wide dynamic configuration, set with Kafka's own `kafka-configs.sh`.
-fn set_broker_default(config: &str) {
-    let out = std::process::Command::new(testbed::dev_dir().join("kafka.sh"))
-        .args([
-            "tool",
-            "org.apache.kafka.tools.ConfigCommand",
-            "--alter",
-            "--entity-type",
-            "brokers",
-            "--entity-default",
-            "--add-config",
-            config,
-        ])
-        .output()
-        .expect("running dev/kafka.sh tool");
-    assert!(
-        out.status.success(),
-        "kafka-configs.sh --add-config {config} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Partition verification off while it lives (Kafka 3.6+ checks each transactional write
-/// against its coordinator; without that check a write the coordinator does not know of is
-/// what made transactions hang before KIP-890). One at a time: the setting is the broker's,
-/// and the tests of this module run side by side.
-struct VerificationOff(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
-
-static BROKER_SETTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-impl VerificationOff {
-    fn new() -> Self {
-        let held = BROKER_SETTING.lock().unwrap_or_else(|e| e.into_inner());
-        set_broker_default("transaction.partition.verification.enable=false");
-        VerificationOff(held)
-    }
-}
-
-impl Drop for VerificationOff {
-    fn drop(&mut self) {
-        set_broker_default("transaction.partition.verification.enable=true");
-    }
-}
-
-/// Makes a hanging transaction on `topic`-`partition`, deterministically, as a client before
-/// KIP-890 could: a producer id for transactional id `txn_id` from its coordinator, then one
-/// transactional record written straight to the partition's leader without adding the
-/// partition to the transaction (Produce v9, partition verification off). The partition then
-/// has a transaction open that its coordinator does not know of: nothing will ever end it.
-fn make_hanging_transaction(topic: &str, partition: i32, txn_id: &str, leader: &str) {
-    use bytes::BytesMut;
-    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-    use kafka_protocol::messages::{
-        InitProducerIdRequest, ProduceRequest, ProducerId, TopicName, TransactionalId,
-    };
-    use kafka_protocol::protocol::StrBytes;
-    use kafka_protocol::records::{
-        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-    };
-
-    let _off = VerificationOff::new();
-    let mut coordinator = streamapp_kafka_wire::open_coordinator(
-        &[kafka::bootstrap()],
-        "hanging-maker",
-        TIMEOUT,
-        &Security::default(),
-        streamapp_kafka_wire::CoordinatorKind::Transaction,
-        txn_id,
-    )
-    .unwrap();
-    let id = TransactionalId(StrBytes::from_string(txn_id.to_string()));
-    let init = coordinator
-        .send_at(
-            4,
-            &InitProducerIdRequest::default()
-                .with_transactional_id(Some(id.clone()))
-                .with_transaction_timeout_ms(60_000)
-                .with_producer_id(ProducerId(-1))
-                .with_producer_epoch(-1),
-        )
-        .unwrap();
-    assert_eq!(init.error_code, 0, "InitProducerId");
-    let record = Record {
-        transactional: true,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: -1,
-        producer_id: init.producer_id.0,
-        producer_epoch: init.producer_epoch,
-        timestamp_type: TimestampType::Creation,
-        offset: 0,
-        sequence: 0,
-        timestamp: Timestamp::now().as_millisecond(),
-        key: Some(bytes::Bytes::from_static(b"k")),
-        value: Some(bytes::Bytes::from_static(b"hanging")),
-        headers: Default::default(),
-    };
-    let mut batch = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut batch,
-        [&record],
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
-        },
-    )
-    .unwrap();
-    let produce = ProduceRequest::default()
-        .with_transactional_id(Some(id))
-        .with_acks(-1)
-        .with_timeout_ms(10_000)
-        .with_topic_data(vec![
-            TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_partition_data(vec![
-                    PartitionProduceData::default()
-                        .with_index(partition)
-                        .with_records(Some(batch.freeze())),
-                ]),
-        ]);
-    let response = connect(leader).send_at(9, &produce).unwrap();
-    let code = response
-        .responses
-        .iter()
-        .flat_map(|t| &t.partition_responses)
-        .map(|p| p.error_code)
-        .next();
-    assert_eq!(
-        code,
-        Some(0),
-        "the transactional write was refused: {response:?}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transaction_its_coordinator_does_not_know_is_hanging_and_the_abort_marker_frees_the_partition()
  {
     let topic = testbed::unique_name("hung");
     kafka::create_topic(&topic, 1).await;
-    let txn_id = testbed::unique_name("hung-txn");
     let mut bootstrap = connect(&kafka::bootstrap());
     let cluster = transactions::leaders(&mut bootstrap, std::slice::from_ref(&topic)).unwrap();
     let leader_address = cluster.brokers[&cluster.leaders[&(topic.clone(), 0)]].clone();
-    make_hanging_transaction(&topic, 0, &txn_id, &leader_address);
+    let txn_id = testbed::hanging_transaction::make(&topic, 0);
 
     let held = stable_and_end(&topic, 0);
     assert_eq!(
@@ -449,10 +313,7 @@ async fn app_with_a_hanging_changelog(client: &kube::Client, ns: &str, policy: &
         "inputTopic": input, "outputTopic": output, "deadLetterTopic": dlq,
     });
     support::create(client, ns, app).await;
-    let mut bootstrap = connect(&kafka::bootstrap());
-    let cluster = transactions::leaders(&mut bootstrap, std::slice::from_ref(&changelog)).unwrap();
-    let leader = cluster.brokers[&cluster.leaders[&(changelog.clone(), 0)]].clone();
-    make_hanging_transaction(&changelog, 0, &testbed::unique_name("gone-pod"), &leader);
+    testbed::hanging_transaction::make(&changelog, 0);
     changelog
 }
 
