@@ -72,6 +72,20 @@ impl Doctors {
             .unwrap_or_default()
     }
 
+    /// Forgets the apps not in `present` (deleted); returns them.
+    fn forget_all_but(&self, present: &[(String, String)]) -> Vec<(String, String)> {
+        let mut apps = self.apps.lock().unwrap();
+        let gone: Vec<_> = apps
+            .keys()
+            .filter(|k| !present.contains(k))
+            .cloned()
+            .collect();
+        for k in &gone {
+            apps.remove(k);
+        }
+        gone
+    }
+
     /// Keeps `state`; returns whether the finding changed.
     fn keep(&self, app: &StreamApp, state: AppDoctor) -> bool {
         let mut apps = self.apps.lock().unwrap();
@@ -82,8 +96,17 @@ impl Doctors {
     }
 }
 
-/// Runs the doctor over the StreamApps in `apps` until the operator stops; `changed` gets each
-/// app whose finding changed.
+/// The doctor's task, stopped when this is dropped.
+pub struct Running(pub tokio::task::JoinHandle<()>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs the doctor over the StreamApps in `apps` until it is stopped; `changed` gets each app
+/// whose finding changed.
 pub async fn run(
     ctx: Arc<Context>,
     apps: Store<StreamApp>,
@@ -91,6 +114,12 @@ pub async fn run(
 ) {
     loop {
         tokio::time::sleep(LOOK_EVERY).await;
+        let present: Vec<_> = apps.state().iter().map(|a| key(a)).collect();
+        for (namespace, name) in ctx.doctors.forget_all_but(&present) {
+            let labels = AppLabels { namespace, name };
+            ctx.metrics.hanging_transactions.remove(&labels);
+            ctx.metrics.hanging_transactions_aborted.remove(&labels);
+        }
         for app in apps.state() {
             if app.metadata.deletion_timestamp.is_some() || is_true(app.annotations(), PAUSED) {
                 continue;

@@ -154,7 +154,12 @@ pub async fn run_controller(ctx: Arc<Context>, namespace: Option<String>) {
     // The transaction doctor looks at every app on a timer of its own, and has one reconciled
     // when what it found changed.
     let (doctor_found, doctor_changes) = futures::channel::mpsc::unbounded();
-    tokio::spawn(doctor::run(ctx.clone(), apps.clone(), doctor_found));
+    // Stopped with the controller (a lost lease drops this future): a follower ends nothing.
+    let _doctor = doctor::Running(tokio::spawn(doctor::run(
+        ctx.clone(),
+        apps.clone(),
+        doctor_found,
+    )));
     // Ready once the StreamApps are all in the cache: reconciles see the whole picture.
     let synced = apps.clone();
     let metrics = ctx.metrics.clone();
