@@ -467,10 +467,6 @@ impl Processor {
         }
     }
 
-    pub fn pid(&self) -> u32 {
-        self.process.pid()
-    }
-
     /// Sends `signal` (`STOP`, `CONT`, ...) to the process.
     pub fn signal(&self, signal: &str) {
         self.process.signal(signal)
