@@ -11,8 +11,6 @@
 
 use std::time::Duration;
 
-use kafka_protocol::messages::{DescribeTransactionsRequest, TransactionalId};
-use kafka_protocol::protocol::StrBytes;
 use rdkafka::config::ClientConfig;
 
 use streamapp_kafka_wire::{self as wire, CoordinatorKind, Security};
@@ -72,24 +70,7 @@ impl CoordinatorClient {
             CoordinatorKind::Transaction,
             transactional_id,
         )?;
-        let described = connection
-            .send(
-                &DescribeTransactionsRequest::default().with_transactional_ids(vec![
-                    TransactionalId(StrBytes::from_string(transactional_id.to_string())),
-                ]),
-            )
-            .map_err(|e| e.to_string())?;
-        let state = described
-            .transaction_states
-            .first()
-            .ok_or("DescribeTransactions answered nothing")?;
-        if state.error_code != 0 {
-            return Err(format!(
-                "DescribeTransactions: error code {}",
-                state.error_code
-            ));
-        }
-        Ok(state.transaction_state.to_string())
+        Ok(wire::transactions::describe_transaction(&mut connection, transactional_id)?.state)
     }
 }
 

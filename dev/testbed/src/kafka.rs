@@ -505,35 +505,49 @@ fn wait_until_leading(who: &str) {
     }
 }
 
-/// What the transaction coordinator holds for a transactional id, by Kafka's own
-/// `kafka-transactions.sh describe`: its columns (`TransactionState`, `TransactionTimeoutMs`,
-/// ...) by name.
-pub fn describe_transaction(transactional_id: &str) -> std::collections::BTreeMap<String, String> {
+/// The table Kafka's `kafka-transactions.sh` prints for `args` (`describe --transactional-id
+/// ID`, `describe-producers --topic T --partition P`, ...): one map of columns by name per row.
+pub fn transactions_tool_table(args: &[&str]) -> Vec<std::collections::BTreeMap<String, String>> {
     let script = crate::dev_dir().join("kafka.sh");
     let out = std::process::Command::new(&script)
-        .args([
-            "tool",
-            "org.apache.kafka.tools.TransactionsCommand",
-            "describe",
-            "--transactional-id",
-            transactional_id,
-        ])
+        .args(["tool", "org.apache.kafka.tools.TransactionsCommand"])
+        .args(args)
         .output()
         .expect("running dev/kafka.sh tool");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "kafka-transactions.sh describe {transactional_id} failed:\n{text}{}",
+        "kafka-transactions.sh {} failed:\n{text}{}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
-    // A header line and one row, tab-separated.
+    // A header line and a row per line, tab-separated.
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header = lines.next().unwrap_or_default().split('\t');
-    let row = lines.next().unwrap_or_default().split('\t');
-    header
-        .zip(row)
-        .map(|(h, v)| (h.trim().to_string(), v.trim().to_string()))
+    let header: Vec<String> = lines
+        .next()
+        .unwrap_or_default()
+        .split('\t')
+        .map(|h| h.trim().to_string())
+        .collect();
+    lines
+        .map(|row| {
+            header
+                .iter()
+                .cloned()
+                .zip(row.split('\t').map(|v| v.trim().to_string()))
+                .collect()
+        })
         .collect()
+}
+
+/// What the transaction coordinator holds for a transactional id, by Kafka's own
+/// `kafka-transactions.sh describe`: its columns (`TransactionState`, `TransactionTimeoutMs`,
+/// ...) by name.
+pub fn describe_transaction(transactional_id: &str) -> std::collections::BTreeMap<String, String> {
+    transactions_tool_table(&["describe", "--transactional-id", transactional_id])
+        .into_iter()
+        .next()
+        .unwrap_or_default()
 }
 
 /// The `transaction.timeout.ms` the transaction coordinator holds for a transactional id

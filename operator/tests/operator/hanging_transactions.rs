@@ -30,6 +30,19 @@ fn connect(address: &str) -> Connection {
         .unwrap_or_else(|e| panic!("connecting to {address}: {e}"))
 }
 
+/// A connection to the transaction coordinator of `transactional_id`.
+fn coordinator_of(transactional_id: &str) -> Connection {
+    streamapp_kafka_wire::open_coordinator(
+        &[kafka::bootstrap()],
+        "hanging-test",
+        TIMEOUT,
+        &Security::default(),
+        streamapp_kafka_wire::CoordinatorKind::Transaction,
+        transactional_id,
+    )
+    .unwrap()
+}
+
 /// (last stable offset, end) of `topic`-`partition`: what read_committed and read_uncommitted
 /// readers see as its end.
 fn stable_and_end(topic: &str, partition: i32) -> Offsets {
@@ -53,40 +66,13 @@ fn stable_and_end(topic: &str, partition: i32) -> Offsets {
 /// `kafka-transactions.sh describe-producers` of one partition: one map of columns per
 /// producer.
 fn tool_describe_producers(topic: &str, partition: i32) -> Vec<BTreeMap<String, String>> {
-    let out = std::process::Command::new(testbed::dev_dir().join("kafka.sh"))
-        .args([
-            "tool",
-            "org.apache.kafka.tools.TransactionsCommand",
-            "describe-producers",
-            "--topic",
-            topic,
-            "--partition",
-            &partition.to_string(),
-        ])
-        .output()
-        .expect("running dev/kafka.sh tool");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "kafka-transactions.sh describe-producers failed:\n{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<String> = lines
-        .next()
-        .unwrap_or_default()
-        .split('\t')
-        .map(|h| h.trim().to_string())
-        .collect();
-    lines
-        .map(|row| {
-            header
-                .iter()
-                .cloned()
-                .zip(row.split('\t').map(|v| v.trim().to_string()))
-                .collect()
-        })
-        .collect()
+    kafka::transactions_tool_table(&[
+        "describe-producers",
+        "--topic",
+        topic,
+        "--partition",
+        &partition.to_string(),
+    ])
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -148,15 +134,7 @@ async fn an_open_transaction_is_found_on_its_partition_and_an_abort_marker_ends_
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].transactional_id, txn_id);
     assert_eq!(listed[0].state, "Ongoing");
-    let mut coordinator = streamapp_kafka_wire::open_coordinator(
-        &[kafka::bootstrap()],
-        "hanging-test",
-        TIMEOUT,
-        &Security::default(),
-        streamapp_kafka_wire::CoordinatorKind::Transaction,
-        &txn_id,
-    )
-    .unwrap();
+    let mut coordinator = coordinator_of(&txn_id);
     let coordinator_view = transactions::describe_transaction(&mut coordinator, &txn_id).unwrap();
     assert_eq!(coordinator_view.producer_id, open.producer_id);
     assert_eq!(coordinator_view.partitions, vec![(topic.clone(), 0)]);
@@ -241,15 +219,7 @@ async fn a_transaction_its_coordinator_does_not_know_is_hanging_and_the_abort_ma
         );
     }
     assert_eq!(listed.len(), 1, "{listed:?}");
-    let mut coordinator = streamapp_kafka_wire::open_coordinator(
-        &[kafka::bootstrap()],
-        "hanging-test",
-        TIMEOUT,
-        &Security::default(),
-        streamapp_kafka_wire::CoordinatorKind::Transaction,
-        &txn_id,
-    )
-    .unwrap();
+    let mut coordinator = coordinator_of(&txn_id);
     let described = transactions::describe_transaction(&mut coordinator, &txn_id).unwrap();
     let finding = diagnose(
         &open_transaction(open),
@@ -288,6 +258,18 @@ async fn events(client: &kube::Client, ns: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The note of the first event with `reason` in `ns`, waited for up to a minute.
+async fn event_note(client: &kube::Client, ns: &str, reason: &str) -> String {
+    support::eventually(Duration::from_secs(60), reason, || async {
+        events(client, ns)
+            .await
+            .into_iter()
+            .find(|(r, _)| r == reason)
+            .map(|(_, note)| note)
+    })
+    .await
+}
+
 /// A StreamApp on the fake node (nothing runs) whose changelog partition 0 holds a hanging
 /// transaction; `policy`: its `spec.kafka.abortHangingTransactions`. The processors'
 /// transaction timeout is 2 s, so the doctor's threshold is 4 s. Returns the changelog.
@@ -321,20 +303,8 @@ async fn app_with_a_hanging_changelog(client: &kube::Client, ns: &str, policy: &
 async fn the_operator_ends_a_hanging_transaction_on_the_changelog_and_says_so() {
     support::with_operator("doctor-abort", |client, ns| async move {
         let changelog = app_with_a_hanging_changelog(&client, &ns, "IfOwnerGone").await;
-        let aborted = support::eventually(Duration::from_secs(60), "the abort's event", || {
-            let (client, ns) = (client.clone(), ns.clone());
-            async move {
-                events(&client, &ns)
-                    .await
-                    .into_iter()
-                    .find(|(reason, _)| reason == "HangingTransactionAborted")
-            }
-        })
-        .await;
-        assert!(
-            aborted.1.contains(&format!("on {changelog}/0")),
-            "{aborted:?}"
-        );
+        let aborted = event_note(&client, &ns, "HangingTransactionAborted").await;
+        assert!(aborted.contains(&format!("on {changelog}/0")), "{aborted}");
         let freed = stable_and_end(&changelog, 0);
         assert_eq!(freed.stable, freed.end, "the partition is free again");
         let status = support::wait_for_status(&client, &ns, "orders", "TransactionsHealthy", |s| {
@@ -373,21 +343,12 @@ async fn with_never_the_operator_reports_a_hanging_transaction_and_leaves_it() {
                 && message.contains("not ended: spec.kafka.abortHangingTransactions is Never"),
             "{message}"
         );
-        let warning = support::eventually(Duration::from_secs(30), "the warning event", || {
-            let (client, ns) = (client.clone(), ns.clone());
-            async move {
-                events(&client, &ns)
-                    .await
-                    .into_iter()
-                    .find(|(reason, _)| reason == "HangingTransaction")
-            }
-        })
-        .await;
+        let warning = event_note(&client, &ns, "HangingTransaction").await;
         assert!(
-            warning.1.contains(&format!(
+            warning.contains(&format!(
                 "abort --topic {changelog} --partition 0 --start-offset 0"
             )),
-            "the event gives the command: {warning:?}"
+            "the event gives the command: {warning}"
         );
         // Several looks later it is still there, and nothing ended it.
         tokio::time::sleep(3 * streamapp_operator::reconcile::doctor::LOOK_EVERY).await;
