@@ -10,32 +10,23 @@ use crate::kafka;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-fn connect(address: &str) -> Connection {
-    Connection::open(address, "testbed-hanging", TIMEOUT, &Security::default())
+/// A connection of our own to the broker at `address` (plain, as the local broker listens).
+pub fn connect(address: &str) -> Connection {
+    Connection::open(address, "testbed", TIMEOUT, &Security::default())
         .unwrap_or_else(|e| panic!("connecting to {address}: {e}"))
 }
 
 /// Broker-wide dynamic configuration, set with Kafka's own `kafka-configs.sh`.
 fn set_broker_default(config: &str) {
-    let out = std::process::Command::new(crate::dev_dir().join("kafka.sh"))
-        .args([
-            "tool",
-            "org.apache.kafka.tools.ConfigCommand",
-            "--alter",
-            "--entity-type",
-            "brokers",
-            "--entity-default",
-            "--add-config",
-            config,
-        ])
-        .output()
-        .expect("running dev/kafka.sh tool");
-    assert!(
-        out.status.success(),
-        "kafka-configs.sh --add-config {config} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kafka::tool(&[
+        "org.apache.kafka.tools.ConfigCommand",
+        "--alter",
+        "--entity-type",
+        "brokers",
+        "--entity-default",
+        "--add-config",
+        config,
+    ]);
 }
 
 /// Partition verification off while it lives (Kafka 3.6+ checks each transactional write

@@ -505,22 +505,31 @@ fn wait_until_leading(who: &str) {
     }
 }
 
-/// The table Kafka's `kafka-transactions.sh` prints for `args` (`describe --transactional-id
-/// ID`, `describe-producers --topic T --partition P`, ...): one map of columns by name per row.
-pub fn transactions_tool_table(args: &[&str]) -> Vec<std::collections::BTreeMap<String, String>> {
-    let script = crate::dev_dir().join("kafka.sh");
-    let out = std::process::Command::new(&script)
-        .args(["tool", "org.apache.kafka.tools.TransactionsCommand"])
+/// Runs one of Kafka's command-line tools against the local broker (`dev/kafka.sh tool CLASS
+/// ARGS...`, the class first in `args`) and returns what it printed; panics with its output when
+/// it fails.
+pub fn tool(args: &[&str]) -> String {
+    let out = std::process::Command::new(crate::dev_dir().join("kafka.sh"))
+        .arg("tool")
         .args(args)
         .output()
         .expect("running dev/kafka.sh tool");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "kafka-transactions.sh {} failed:\n{text}{}",
+        "dev/kafka.sh tool {} failed:\n{text}{}",
         args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
+    text
+}
+
+/// The table Kafka's `kafka-transactions.sh` prints for `args` (`describe --transactional-id
+/// ID`, `describe-producers --topic T --partition P`, ...): one map of columns by name per row.
+pub fn transactions_tool_table(args: &[&str]) -> Vec<std::collections::BTreeMap<String, String>> {
+    let mut all = vec!["org.apache.kafka.tools.TransactionsCommand"];
+    all.extend_from_slice(args);
+    let text = tool(&all);
     // A header line and a row per line, tab-separated.
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let header: Vec<String> = lines
