@@ -10,6 +10,19 @@ use crate::kafka;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A connection of our own to the transaction coordinator of `transactional_id`.
+pub fn coordinator(transactional_id: &str) -> Connection {
+    streamapp_kafka_wire::open_coordinator(
+        &[kafka::bootstrap()],
+        "testbed",
+        TIMEOUT,
+        &Security::default(),
+        streamapp_kafka_wire::CoordinatorKind::Transaction,
+        transactional_id,
+    )
+    .unwrap_or_else(|e| panic!("connecting to the coordinator of {transactional_id}: {e}"))
+}
+
 /// A connection of our own to the broker at `address` (plain, as the local broker listens).
 pub fn connect(address: &str) -> Connection {
     Connection::open(address, "testbed", TIMEOUT, &Security::default())
@@ -70,15 +83,7 @@ pub fn make(topic: &str, partition: i32) -> String {
     };
 
     let _off = VerificationOff::new();
-    let mut coordinator = streamapp_kafka_wire::open_coordinator(
-        &[kafka::bootstrap()],
-        "hanging-maker",
-        TIMEOUT,
-        &Security::default(),
-        streamapp_kafka_wire::CoordinatorKind::Transaction,
-        txn_id,
-    )
-    .unwrap();
+    let mut coordinator = coordinator(txn_id);
     let id = TransactionalId(StrBytes::from_string(txn_id.to_string()));
     let init = coordinator
         .send_at(

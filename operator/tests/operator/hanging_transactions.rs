@@ -16,12 +16,11 @@ use k8s_openapi::jiff::Timestamp;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer};
-use streamapp_kafka_wire::Security;
 use streamapp_kafka_wire::transactions::{self, Leaders, ListedTransaction, PartitionProducer};
 use streamapp_operator::transaction_doctor::{
     CoordinatorView, Finding, HangingReason, Offsets, OpenTransaction, StuckSince, diagnose,
 };
-use testbed::hanging_transaction::connect;
+use testbed::hanging_transaction::{connect, coordinator};
 use testbed::kafka::{self, Isolation};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -40,15 +39,7 @@ fn what_coordinators_know(
     }
     assert_eq!(listed.len(), 1, "{listed:?}");
     let listed = listed.remove(0);
-    let mut coordinator = streamapp_kafka_wire::open_coordinator(
-        &[kafka::bootstrap()],
-        "hanging-test",
-        TIMEOUT,
-        &Security::default(),
-        streamapp_kafka_wire::CoordinatorKind::Transaction,
-        &listed.transactional_id,
-    )
-    .unwrap();
+    let mut coordinator = coordinator(&listed.transactional_id);
     let described =
         transactions::describe_transaction(&mut coordinator, &listed.transactional_id).unwrap();
     assert_eq!(described.producer_id, producer_id);
