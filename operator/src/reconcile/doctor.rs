@@ -15,17 +15,19 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use streamapp_api::annotations::{PAUSED, is_true};
 use streamapp_api::crd::StreamApp;
-use tracing::{info, warn};
+use streamapp_kafka_wire::transactions::Leaders;
+use tracing::info;
 
 use super::Context;
 use super::objects::{list_pods, publish, read_secrets};
 use crate::events::Notice;
 use crate::kafka::Kafka;
 use crate::metrics::AppLabels;
-use crate::transaction_doctor::kafka::Brokers;
+use crate::transaction_doctor::kafka::{Brokers, Holder};
 use crate::transaction_doctor::{
-    Action, HangingTransaction, StuckSince, TopicPartition, TopicRole, TransactionsFinding, decide,
-    diagnose, explain, live_transactional_ids, threshold, watched_topics,
+    Action, Finding, HangingTransaction, StuckSince, TopicPartition, TopicRole,
+    TransactionsFinding, decide, diagnose, explain, live_transactional_ids, threshold,
+    watched_topics,
 };
 
 /// How often each app's partitions are looked at.
@@ -131,35 +133,25 @@ pub async fn run(
     }
 }
 
-/// One look at `app`; returns whether its finding changed.
+/// One look at `app`; returns whether its finding changed. The pods are listed, and the
+/// suspects examined, only when a partition has been stuck for the threshold.
 async fn look(ctx: &Context, app: &StreamApp) -> bool {
     let mut state = ctx.doctors.state(app);
-    let kafka = match read_secrets(&ctx.client, app).await {
-        Ok(secrets) => Kafka::for_app(app, &super::secrets_by_name(&secrets)),
-        Err(e) => Err(e.to_string()),
-    };
-    let pods = match list_pods(&ctx.client, app).await {
-        Ok(pods) => Ok(pods.iter().map(|p| p.name_any()).collect::<Vec<_>>()),
-        Err(e) => Err(e.to_string()),
-    };
-    let (kafka, pods) = match (kafka, pods) {
-        (Ok(kafka), Ok(pods)) => (kafka, pods),
-        (Err(e), _) | (_, Err(e)) => {
-            state.finding = Some(TransactionsFinding::Unknown(e));
-            return ctx.doctors.keep(app, state);
+    let previous = state.finding.clone();
+    let now = Timestamp::now();
+    let (finding, notices) = match examine(ctx, app, &mut state, now).await {
+        Ok(Some((hanging, notices))) if !hanging.is_empty() => {
+            (TransactionsFinding::Hanging(hanging), notices)
         }
+        Ok(_) => (TransactionsFinding::Healthy, Vec::new()),
+        Err(e) => (TransactionsFinding::Unknown(e), Vec::new()),
     };
-    let owned_app = app.clone();
-    let looked = tokio::task::spawn_blocking(move || {
-        examine(&owned_app, &kafka, &pods, state, Timestamp::now())
-    })
-    .await;
-    let (state, notices) = match looked {
-        Ok(done) => done,
-        Err(e) => {
-            warn!(error = %e, "the transaction doctor panicked");
-            return false;
-        }
+    state.finding = Some(finding);
+    // The same hanging transaction is announced once, not at every look.
+    let notices = if state.finding == previous {
+        Vec::new()
+    } else {
+        notices
     };
     let labels = AppLabels {
         namespace: app.namespace().unwrap_or_default(),
@@ -185,110 +177,162 @@ async fn look(ctx: &Context, app: &StreamApp) -> bool {
     ctx.doctors.keep(app, state)
 }
 
-/// Looks at `app`'s partitions, ends what may be ended: the state to keep and the events to
-/// publish. Blocking.
-fn examine(
+/// What holds `app`'s partitions back (`None`: nothing has been stuck for the threshold), with
+/// the events to publish; ends what may be ended. Updates `state`'s stuck partitions and aborts.
+async fn examine(
+    ctx: &Context,
     app: &StreamApp,
-    kafka: &Kafka,
-    pods: &[String],
-    mut state: AppDoctor,
+    state: &mut AppDoctor,
     now: Timestamp,
-) -> (AppDoctor, Vec<Notice>) {
-    let mut notices = Vec::new();
-    let previous = state.finding.clone();
-    let result = (|| -> Result<Vec<HangingTransaction>, String> {
-        let brokers = Brokers::new(kafka.client_config())?;
-        let topics = watched_topics(app);
-        let roles: BTreeMap<String, TopicRole> = topics.iter().cloned().collect();
-        let names: Vec<String> = topics.into_iter().map(|(t, _)| t).collect();
-        let leaders = brokers.leaders(&names)?;
-        state.stuck = state.stuck.observe(&brokers.offsets(&leaders)?, now);
-        let threshold = threshold(app);
-        let suspects = state.stuck.suspects(threshold, now);
-        if suspects.is_empty() {
-            return Ok(Vec::new());
-        }
-        let live = live_transactional_ids(app, pods);
-        let policy = app.spec.kafka.abort_hanging_transactions;
-        let mut hanging = Vec::new();
+) -> Result<Option<(Vec<HangingTransaction>, Vec<Notice>)>, String> {
+    let secrets = read_secrets(&ctx.client, app)
+        .await
+        .map_err(|e| e.to_string())?;
+    let kafka = Kafka::for_app(app, &super::secrets_by_name(&secrets))?;
+    let brokers = Brokers::new(kafka.client_config())?;
+    let topics: Vec<String> = watched_topics(app).into_iter().map(|(t, _)| t).collect();
+    let stuck = state.stuck.clone();
+    let (brokers, leaders, stuck) = blocking(move || {
+        let leaders = brokers.leaders(&topics)?;
+        let stuck = stuck.observe(&brokers.offsets(&leaders)?, now);
+        Ok((brokers, leaders, stuck))
+    })
+    .await?;
+    let suspects = stuck.suspects(threshold(app), now);
+    state.stuck = stuck;
+    if suspects.is_empty() {
+        return Ok(None);
+    }
+    let pods: Vec<String> = list_pods(&ctx.client, app)
+        .await
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    let owned_app = app.clone();
+    let last_aborts = state.last_aborts.clone();
+    let bootstrap = kafka.bootstrap();
+    let (treated, last_aborts) = blocking(move || {
+        let mut last_aborts = last_aborts;
+        let live = live_transactional_ids(&owned_app, &pods);
+        let mut treated = Vec::new();
         for holder in brokers.holders(&leaders, &suspects)? {
-            let open = holder.open_transaction();
-            let finding = diagnose(&open, &holder.partition, holder.known.as_ref());
-            let crate::transaction_doctor::Finding::Hanging { owner, reason } = &finding else {
-                continue;
-            };
-            let (topic, partition) = holder.partition.clone();
-            let role = roles.get(&topic).copied().unwrap_or(TopicRole::Shared);
-            let last_abort = state.last_aborts.get(&holder.partition).copied();
-            let owner = owner
-                .as_deref()
-                .unwrap_or("a producer no coordinator knows");
-            let why = explain(reason);
-            let mut report = HangingTransaction {
-                topic: topic.clone(),
-                partition,
-                producer_id: open.producer_id,
-                start_offset: open.start_offset,
-                detail: String::new(),
-            };
-            match decide(&finding, role, policy, &live, last_abort, threshold, now) {
-                Action::Wait => continue,
-                Action::Abort => match brokers.abort(&leaders, &holder) {
-                    Ok(()) => {
-                        state.last_aborts.insert(holder.partition.clone(), now);
-                        report.detail = format!("{why}; its owner ({owner}) is gone: aborted");
-                        info!(app = %app.name_any(), topic, partition, producer = open.producer_id,
-                            start_offset = open.start_offset, "aborted a hanging transaction");
-                        notices.push(Notice {
-                            warning: true,
-                            reason: HANGING_TRANSACTION_ABORTED,
-                            note: format!(
-                                "ended the hanging transaction of producer {} on {topic}/{partition} \
-                                 (open since offset {}; {why}; owner {owner}) with an abort marker",
-                                open.producer_id, open.start_offset
-                            ),
-                        });
-                    }
-                    Err(e) => {
-                        report.detail = format!("{why}; the abort failed: {e}");
-                        notices.push(Notice {
-                            warning: true,
-                            reason: HANGING_TRANSACTION,
-                            note: format!(
-                                "could not end the hanging transaction on {topic}/{partition}: {e}; \
-                                 by hand: {}",
-                                report.command(&kafka.bootstrap())
-                            ),
-                        });
-                    }
-                },
-                Action::Report { why_not } => {
-                    report.detail = format!("{why}; not ended: {why_not}");
-                    notices.push(Notice {
-                        warning: true,
-                        reason: HANGING_TRANSACTION,
-                        note: format!(
-                            "a hanging transaction of producer {} holds {topic}/{partition} at \
-                             offset {} ({why}); not ended: {why_not}; by hand: {}",
-                            open.producer_id,
-                            open.start_offset,
-                            report.command(&kafka.bootstrap())
-                        ),
-                    });
+            treated.extend(treat(
+                &owned_app,
+                &brokers,
+                &leaders,
+                &holder,
+                &live,
+                &mut last_aborts,
+                &bootstrap,
+                now,
+            ));
+        }
+        Ok((treated, last_aborts))
+    })
+    .await?;
+    state.last_aborts = last_aborts;
+    Ok(Some(treated.into_iter().unzip()))
+}
+
+/// Runs blocking Kafka I/O on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("the transaction doctor panicked: {e}"))?
+}
+
+/// Diagnoses the transaction `holder` found, and ends it when [`decide`] says so: the report
+/// for the status and the event to publish (`None`: it is only slow). Blocking.
+#[allow(clippy::too_many_arguments)]
+fn treat(
+    app: &StreamApp,
+    brokers: &Brokers,
+    leaders: &Leaders,
+    holder: &Holder,
+    live: &[String],
+    last_aborts: &mut BTreeMap<TopicPartition, Timestamp>,
+    bootstrap: &str,
+    now: Timestamp,
+) -> Option<(HangingTransaction, Notice)> {
+    let open = holder.open_transaction();
+    let finding = diagnose(&open, &holder.partition, holder.known.as_ref());
+    let Finding::Hanging { owner, reason } = &finding else {
+        return None;
+    };
+    let (topic, partition) = holder.partition.clone();
+    let role = watched_topics(app)
+        .into_iter()
+        .find(|(t, _)| *t == topic)
+        .map_or(TopicRole::Shared, |(_, role)| role);
+    let last_abort = last_aborts.get(&holder.partition).copied();
+    let owner = owner
+        .as_deref()
+        .unwrap_or("a producer no coordinator knows");
+    let why = explain(reason);
+    let mut report = HangingTransaction {
+        topic: topic.clone(),
+        partition,
+        producer_id: open.producer_id,
+        start_offset: open.start_offset,
+        detail: String::new(),
+    };
+    let policy = app.spec.kafka.abort_hanging_transactions;
+    let notice = match decide(
+        &finding,
+        role,
+        policy,
+        live,
+        last_abort,
+        threshold(app),
+        now,
+    ) {
+        Action::Wait => return None,
+        Action::Abort => match brokers.abort(leaders, holder) {
+            Ok(()) => {
+                last_aborts.insert(holder.partition.clone(), now);
+                report.detail = format!("{why}; its owner ({owner}) is gone: aborted");
+                info!(app = %app.name_any(), topic, partition, producer = open.producer_id,
+                    start_offset = open.start_offset, "aborted a hanging transaction");
+                Notice {
+                    warning: true,
+                    reason: HANGING_TRANSACTION_ABORTED,
+                    note: format!(
+                        "ended the hanging transaction of producer {} on {topic}/{partition} \
+                         (open since offset {}; {why}; owner {owner}) with an abort marker",
+                        open.producer_id, open.start_offset
+                    ),
                 }
             }
-            hanging.push(report);
+            Err(e) => {
+                report.detail = format!("{why}; the abort failed: {e}");
+                Notice {
+                    warning: true,
+                    reason: HANGING_TRANSACTION,
+                    note: format!(
+                        "could not end the hanging transaction on {topic}/{partition}: {e}; \
+                         by hand: {}",
+                        report.command(bootstrap)
+                    ),
+                }
+            }
+        },
+        Action::Report { why_not } => {
+            report.detail = format!("{why}; not ended: {why_not}");
+            Notice {
+                warning: true,
+                reason: HANGING_TRANSACTION,
+                note: format!(
+                    "a hanging transaction of producer {} holds {topic}/{partition} at \
+                     offset {} ({why}); not ended: {why_not}; by hand: {}",
+                    open.producer_id,
+                    open.start_offset,
+                    report.command(bootstrap)
+                ),
+            }
         }
-        Ok(hanging)
-    })();
-    state.finding = Some(match result {
-        Ok(hanging) if hanging.is_empty() => TransactionsFinding::Healthy,
-        Ok(hanging) => TransactionsFinding::Hanging(hanging),
-        Err(e) => TransactionsFinding::Unknown(e),
-    });
-    // The same hanging transaction is announced once, not at every look.
-    if state.finding == previous {
-        notices.clear();
-    }
-    (state, notices)
+    };
+    Some((report, notice))
 }
