@@ -7,7 +7,8 @@
 # namespace (dev/net.sh) with three listeners: 127.0.0.1:$KAFKA_PORT (its loopback: tests, tools,
 # and this machine's loopback through the relay), $NODE_IP:$KAFKA_POD_PORT for the pods, and
 # SASL_SSL on 127.0.0.1:$KAFKA_SECURE_PORT for the tests of secured connections (a CA of its own
-# made here with openssl, SASL PLAIN and SCRAM-SHA-256/512 for the user in $dir/tls/user).
+# made here with openssl, SASL PLAIN and SCRAM-SHA-256/512 for the user in $dir/tls/user), and
+# an ACL authorizer.
 source "$(dirname "$0")/lib.sh"
 
 dir="$STREAMAPP_RUN/kafka"
@@ -61,6 +62,12 @@ listener.name.secure.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
 listener.name.secure.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$sasl_user="$sasl_password";
 listener.name.secure.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 listener.name.secure.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+# ACLs as a secured cluster has them: the plain listeners' principal (User:ANONYMOUS: tests,
+# tools, pods) may do anything; the secure listener's user may do what no ACL restricts, so
+# a test can take a permission away from it on a topic of its own.
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=true
 log.dirs=$dir/data
 # One broker: every internal topic has one replica, so transactions and groups work.
 offsets.topic.replication.factor=1

@@ -71,7 +71,12 @@ impl Drop for VerificationOff {
 /// has a transaction open that its coordinator does not know of: nothing will ever end it.
 pub fn make(topic: &str, partition: i32) -> String {
     let txn_id = crate::unique_name("hanging");
-    let txn_id = txn_id.as_str();
+    make_as(topic, partition, &txn_id);
+    txn_id
+}
+
+/// [`make`] with the transactional id `txn_id` (one of an app's pods, say).
+pub fn make_as(topic: &str, partition: i32, txn_id: &str) {
     use bytes::BytesMut;
     use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
     use kafka_protocol::messages::{
@@ -152,5 +157,4 @@ pub fn make(topic: &str, partition: i32) -> String {
         Some(0),
         "the transactional write was refused: {response:?}"
     );
-    txn_id.to_string()
 }

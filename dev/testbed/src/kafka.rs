@@ -524,6 +524,24 @@ pub fn tool(args: &[&str]) -> String {
     text
 }
 
+/// Adds an ACL with Kafka's own `kafka-acls.sh`: `principal` (`User:NAME`) may do
+/// `operations` on `topic`. The broker's authorizer then refuses the other operations on that
+/// topic to every principal but the super user (the plain listeners' `User:ANONYMOUS`).
+pub fn allow(principal: &str, operations: &[&str], topic: &str) {
+    let mut args = vec![
+        "org.apache.kafka.tools.AclCommand",
+        "--add",
+        "--allow-principal",
+        principal,
+        "--topic",
+        topic,
+    ];
+    for operation in operations {
+        args.extend(["--operation", operation]);
+    }
+    tool(&args);
+}
+
 /// The table Kafka's `kafka-transactions.sh` prints for `args` (`describe --transactional-id
 /// ID`, `describe-producers --topic T --partition P`, ...): one map of columns by name per row.
 pub fn transactions_tool_table(args: &[&str]) -> Vec<std::collections::BTreeMap<String, String>> {
