@@ -30,17 +30,14 @@ pub const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
 /// Kafka's `TRANSACTIONAL_ID_AUTHORIZATION_FAILED`.
 pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
 
-/// A failed request's error code as a sentence that names what is missing.
-pub fn explain(code: i16, what: &str) -> String {
+/// A failed request's error code as a sentence: `what` failed, and for a refusal, the
+/// permission (`needs`, e.g. "Read on topic orders") the principal lacks.
+pub fn explain(code: i16, what: &str, needs: &str) -> String {
     match code {
-        CLUSTER_AUTHORIZATION_FAILED => format!(
-            "{what}: not authorised on the cluster (DescribeProducers needs Read on the topic, \
-             ListTransactions Describe on the transactional ids, an abort marker ClusterAction \
-             on the cluster)"
-        ),
-        TOPIC_AUTHORIZATION_FAILED => format!("{what}: not authorised on the topic"),
-        TRANSACTIONAL_ID_AUTHORIZATION_FAILED => {
-            format!("{what}: not authorised to describe the transactional id")
+        CLUSTER_AUTHORIZATION_FAILED
+        | TOPIC_AUTHORIZATION_FAILED
+        | TRANSACTIONAL_ID_AUTHORIZATION_FAILED => {
+            format!("{what}: not authorised; the principal needs {needs}")
         }
         code => format!("{what}: error code {code}"),
     }
@@ -56,7 +53,7 @@ pub struct Leaders {
 }
 
 /// The cluster's brokers and the leaders of `topics`' partitions; a topic that does not exist
-/// has none.
+/// has none, one the principal may not describe is an error that says so.
 pub fn leaders(connection: &mut Connection, topics: &[String]) -> Result<Leaders, String> {
     if !connection.speaks(ApiKey::Metadata) {
         return Err(format!(
@@ -79,6 +76,19 @@ pub fn leaders(connection: &mut Connection, topics: &[String]) -> Result<Leaders
         .iter()
         .map(|b| (b.node_id.0, format!("{}:{}", b.host, b.port)))
         .collect();
+    let refused: Vec<String> = response
+        .topics
+        .iter()
+        .filter(|t| t.error_code == TOPIC_AUTHORIZATION_FAILED)
+        .filter_map(|t| t.name.as_ref().map(|n| n.0.to_string()))
+        .collect();
+    if !refused.is_empty() {
+        return Err(explain(
+            TOPIC_AUTHORIZATION_FAILED,
+            &format!("reading the metadata of {}", refused.join(", ")),
+            &format!("Describe on topic {}", refused.join(", ")),
+        ));
+    }
     let mut leaders = BTreeMap::new();
     for topic in &response.topics {
         let Some(name) = &topic.name else { continue };
@@ -188,6 +198,7 @@ pub fn describe_producers(
                 Err(explain(
                     p.error_code,
                     &format!("describing the producers of {topic}-{}", p.partition_index),
+                    &format!("Read on topic {topic} (DescribeProducers)"),
                 ))
             } else {
                 Ok(p.active_producers
@@ -236,6 +247,7 @@ pub fn list_transactions(
         return Err(explain(
             response.error_code,
             &format!("listing the transactions of {}", connection.address()),
+            "Describe on the transactional ids (ListTransactions)",
         ));
     }
     Ok(response
@@ -279,6 +291,7 @@ pub fn describe_transaction(
         return Err(explain(
             state.error_code,
             &format!("describing transactional id {transactional_id}"),
+            &format!("Describe on transactional id {transactional_id} (DescribeTransactions)"),
         ));
     }
     Ok(DescribedTransaction {
@@ -339,6 +352,7 @@ pub fn write_abort_marker(
                 "writing an abort marker for producer {} on {topic}-{partition}",
                 producer.producer_id
             ),
+            "ClusterAction on the cluster (WriteTxnMarkers)",
         )),
     }
 }
