@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use streamapp_api::config::{group_member, internal_topics, transaction_timeout, transactional_id};
+use streamapp_api::config::{
+    changelog_topic, group_member, repartition_topic, transaction_timeout, transactional_id,
+};
 use streamapp_api::crd::{AbortHangingTransactions, StreamApp};
 
 use crate::processor_config::application_id;
@@ -240,10 +242,12 @@ pub fn threshold(app: &StreamApp) -> Duration {
 pub fn watched_topics(app: &StreamApp) -> Vec<(String, TopicRole)> {
     let application_id = application_id(app);
     let topology = &app.spec.topology;
-    let mut topics: Vec<(String, TopicRole)> = internal_topics(&application_id)
-        .into_iter()
-        .map(|t| (t, TopicRole::Internal))
-        .collect();
+    // The repartition topic only where the processors use it: where it does not exist, a
+    // principal without Describe on it would be refused its metadata.
+    let mut topics = vec![(changelog_topic(&application_id), TopicRole::Internal)];
+    if topology.repartitions() {
+        topics.push((repartition_topic(&application_id), TopicRole::Internal));
+    }
     topics.extend(
         [
             Some(&topology.input_topic),
@@ -514,6 +518,31 @@ mod tests {
         assert_eq!(
             decide_with(&in_progress, internal, everywhere, &[], None),
             Action::Wait
+        );
+    }
+
+    #[test]
+    fn the_repartition_topic_is_watched_only_where_the_processors_use_it() {
+        let mut app = crate::testing::app();
+        let watched = |app: &StreamApp| -> Vec<(String, TopicRole)> { watched_topics(app) };
+        assert_eq!(
+            watched(&app),
+            [
+                ("shop.orders-dedup-changelog", TopicRole::Internal),
+                ("shop.orders-dedup-repartition", TopicRole::Internal),
+                ("orders", TopicRole::Shared),
+                ("orders-unique", TopicRole::Shared),
+                ("orders-dlq", TopicRole::Shared),
+            ]
+            .map(|(t, r)| (t.to_string(), r))
+        );
+        app.spec.topology.repartition = streamapp_api::config::Repartition::Never;
+        assert!(
+            !watched(&app)
+                .iter()
+                .any(|(t, _)| t.ends_with("-dedup-repartition")),
+            "{:?}",
+            watched(&app)
         );
     }
 }
