@@ -16,9 +16,11 @@ use k8s_openapi::jiff::Timestamp;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer};
+use streamapp_api::crd::StreamApp;
 use streamapp_kafka_wire::transactions::{self, Leaders, ListedTransaction, PartitionProducer};
 use streamapp_operator::transaction_doctor::{
     CoordinatorView, Finding, HangingReason, Offsets, OpenTransaction, StuckSince, diagnose,
+    live_transactional_ids,
 };
 use testbed::hanging_transaction::{connect, coordinator};
 use testbed::kafka::{self, Isolation};
@@ -252,34 +254,105 @@ async fn event_note(client: &kube::Client, ns: &str, reason: &str) -> String {
     .await
 }
 
-/// A StreamApp on the fake node (nothing runs) whose changelog partition 0 holds a hanging
-/// transaction; `policy`: its `spec.kafka.abortHangingTransactions`. The processors'
-/// transaction timeout is 2 s, so the doctor's threshold is 4 s. Returns the changelog.
-async fn app_with_a_hanging_changelog(client: &kube::Client, ns: &str, policy: &str) -> String {
+/// The topics of a doctor test's app.
+struct AppTopics {
+    input: String,
+    changelog: String,
+}
+
+/// A StreamApp `orders` with one pod on the fake node (nothing runs), topics of its own (one
+/// partition each) and `kafka` as its `spec.kafka`; the processors' transaction timeout is
+/// 2 s, so the doctor's threshold is 4 s.
+async fn doctor_app(
+    client: &kube::Client,
+    ns: &str,
+    mut kafka_spec: serde_json::Value,
+) -> AppTopics {
     let base = testbed::unique_name("doctor");
     let (input, output, dlq) = (
         format!("{base}-in"),
         format!("{base}-out"),
         format!("{base}-dlq"),
     );
-    for t in [&input, &output, &dlq] {
+    let changelog = streamapp_api::config::changelog_topic(&format!("{ns}.orders"));
+    for t in [&input, &output, &dlq, &changelog] {
         kafka::create_topic(t, 1).await;
     }
-    let changelog = streamapp_api::config::changelog_topic(&format!("{ns}.orders"));
-    kafka::create_topic(&changelog, 1).await;
+    kafka_spec["properties"]["transaction.timeout.ms"] = "2000".into();
     let mut app = support::streamapp_json("orders", 1);
-    app["spec"]["kafka"] = serde_json::json!({
-        "bootstrapServers": kafka::bootstrap(),
-        "properties": { "transaction.timeout.ms": "2000" },
-        "abortHangingTransactions": policy,
-    });
+    app["spec"]["kafka"] = kafka_spec;
     app["spec"]["topology"] = serde_json::json!({
         "inputTopic": input, "outputTopic": output, "deadLetterTopic": dlq,
     });
     support::create(client, ns, app).await;
-    testbed::hanging_transaction::make(&changelog, 0);
-    changelog
+    AppTopics { input, changelog }
 }
+
+/// A StreamApp whose changelog partition 0 holds a hanging transaction; `policy`: its
+/// `spec.kafka.abortHangingTransactions`. Returns the changelog.
+async fn app_with_a_hanging_changelog(client: &kube::Client, ns: &str, policy: &str) -> String {
+    let topics = doctor_app(
+        client,
+        ns,
+        serde_json::json!({
+            "bootstrapServers": kafka::bootstrap(),
+            "abortHangingTransactions": policy,
+        }),
+    )
+    .await;
+    testbed::hanging_transaction::make(&topics.changelog, 0);
+    topics.changelog
+}
+
+/// The message of the app's `TransactionsHealthy` condition once it is `status`/`reason`.
+async fn transactions_condition(
+    client: &kube::Client,
+    ns: &str,
+    (status, reason): (&str, &str),
+    message: impl Fn(&str) -> bool,
+) -> String {
+    let found = support::wait_for_status(client, ns, "orders", reason, |s| {
+        support::condition(s, "TransactionsHealthy") == Some((status.into(), reason.into()))
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == "TransactionsHealthy" && message(&c.message))
+    })
+    .await;
+    found
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "TransactionsHealthy")
+        .map(|c| c.message)
+        .unwrap()
+}
+
+/// Whether the operator wrote any abort marker for the app (its event says so).
+async fn aborted_any(client: &kube::Client, ns: &str) -> bool {
+    events(client, ns)
+        .await
+        .iter()
+        .any(|(reason, _)| reason == "HangingTransactionAborted")
+}
+
+/// Ends the transaction open on `topic`-`partition` by hand, for the next tests: the broker is
+/// shared.
+fn abort_by_hand(topic: &str, partition: i32) {
+    let mut bootstrap = connect(&kafka::bootstrap());
+    let cluster = transactions::leaders(&mut bootstrap, &[topic.to_string()]).unwrap();
+    let mut leader = connect(&cluster.brokers[&cluster.leaders[&(topic.to_string(), partition)]]);
+    let open = transactions::describe_producers(&mut leader, topic, &[partition]).unwrap()
+        [&partition]
+        .clone()
+        .unwrap()
+        .into_iter()
+        .find(|p| p.open_transaction_start.is_some())
+        .expect("an open transaction");
+    transactions::write_abort_marker(&mut leader, topic, partition, &open).unwrap();
+}
+
+/// Several of the doctor's looks.
+const SEVERAL_LOOKS: Duration =
+    Duration::from_secs(3 * streamapp_operator::reconcile::doctor::LOOK_EVERY.as_secs());
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_operator_ends_a_hanging_transaction_on_the_changelog_and_says_so() {
@@ -333,25 +406,182 @@ async fn with_never_the_operator_reports_a_hanging_transaction_and_leaves_it() {
             "the event gives the command: {warning}"
         );
         // Several looks later it is still there, and nothing ended it.
-        tokio::time::sleep(3 * streamapp_operator::reconcile::doctor::LOOK_EVERY).await;
+        tokio::time::sleep(SEVERAL_LOOKS).await;
         let held = stable_and_end(&changelog, 0);
         assert_eq!(held, Offsets { stable: 0, end: 1 });
-        assert!(
-            !events(&client, &ns)
-                .await
-                .iter()
-                .any(|(reason, _)| reason == "HangingTransactionAborted")
+        assert!(!aborted_any(&client, &ns).await);
+        abort_by_hand(&changelog, 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_transaction_open_longer_than_the_threshold_is_slow_and_left_alone() {
+    support::with_operator("doctor-slow", |client, ns| async move {
+        let topics = doctor_app(
+            &client,
+            &ns,
+            serde_json::json!({ "bootstrapServers": kafka::bootstrap() }),
+        )
+        .await;
+        transactions_condition(&client, &ns, ("True", "NoHangingTransaction"), |_| true).await;
+        // A producer that stalls within its own (longer) transaction timeout, on the changelog,
+        // where a hanging transaction would be ended.
+        let producer = kafka::transactional_producer(&testbed::unique_name("slow-txn"));
+        producer.begin_transaction().expect("begin");
+        kafka::send(
+            &producer,
+            BaseRecord::<str, str>::to(&topics.changelog)
+                .partition(0)
+                .key("k")
+                .payload("slow"),
         );
-        // Ended by hand for the next tests: the broker is shared.
-        let mut bootstrap = connect(&kafka::bootstrap());
-        let cluster =
-            transactions::leaders(&mut bootstrap, std::slice::from_ref(&changelog)).unwrap();
-        let mut leader = connect(&cluster.brokers[&cluster.leaders[&(changelog.clone(), 0)]]);
-        let open = transactions::describe_producers(&mut leader, &changelog, &[0]).unwrap()[&0]
-            .clone()
-            .unwrap()
-            .remove(0);
-        transactions::write_abort_marker(&mut leader, &changelog, 0, &open).unwrap();
+        producer.flush(TIMEOUT).expect("flush");
+        let opened = tokio::time::Instant::now();
+
+        // Past the threshold (4 s) by several looks, it is still open, and nobody ended it.
+        tokio::time::sleep(Duration::from_secs(4) + SEVERAL_LOOKS).await;
+        assert_eq!(
+            stable_and_end(&topics.changelog, 0),
+            Offsets { stable: 0, end: 1 },
+            "the transaction is still open"
+        );
+        assert!(!aborted_any(&client, &ns).await);
+        let status = support::wait_for_status(&client, &ns, "orders", "the status", |_| true).await;
+        assert_eq!(
+            support::condition(&status, "TransactionsHealthy"),
+            Some(("True".into(), "NoHangingTransaction".into())),
+            "{:?}",
+            status.conditions
+        );
+        assert!(
+            opened.elapsed() < Duration::from_secs(50),
+            "the producer's own timeout (60 s) has not passed"
+        );
+        producer.commit_transaction(TIMEOUT).expect("commit");
+        assert_eq!(
+            kafka::read_all(&topics.changelog, Isolation::ReadCommitted, |_| {}),
+            1,
+            "its record is committed, not aborted"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hanging_transactions_of_a_running_pod_and_of_another_apps_producer_are_shown_never_ended()
+{
+    support::with_operator("doctor-owned", |client, ns| async move {
+        let topics = doctor_app(
+            &client,
+            &ns,
+            serde_json::json!({
+                "bootstrapServers": kafka::bootstrap(),
+                "abortHangingTransactions": "IfOwnerGone",
+            }),
+        )
+        .await;
+        // The pod runs (on the fake node): its transactional id is a live one.
+        support::eventually(Duration::from_secs(60), "pod orders-0", || async {
+            support::object::<k8s_openapi::api::core::v1::Pod>(&client, &ns, "orders-0").await
+        })
+        .await;
+        let app = support::object::<StreamApp>(&client, &ns, "orders")
+            .await
+            .unwrap();
+        let pods_id = live_transactional_ids(&app, &["orders-0".to_string()]).remove(0);
+        // One on the changelog, by the running pod's transactional id; one on the input topic
+        // (shared with other producers) by a transactional id that is not the app's.
+        testbed::hanging_transaction::make_as(&topics.changelog, 0, &pods_id);
+        testbed::hanging_transaction::make(&topics.input, 0);
+
+        let message = transactions_condition(&client, &ns, ("False", "HangingTransaction"), |m| {
+            m.contains(&format!("{}/0", topics.changelog))
+                && m.contains(&format!("{}/0", topics.input))
+        })
+        .await;
+        assert!(
+            message.contains(&format!("{}/0: producer", topics.changelog))
+                && message.contains("not ended: its producer is a running pod of this app"),
+            "{message}"
+        );
+        assert!(
+            message.contains("not ended: the topic is not one of the app's internal topics"),
+            "{message}"
+        );
+        tokio::time::sleep(SEVERAL_LOOKS).await;
+        for topic in [&topics.changelog, &topics.input] {
+            assert_eq!(
+                stable_and_end(topic, 0),
+                Offsets { stable: 0, end: 1 },
+                "{topic} is still held"
+            );
+        }
+        assert!(!aborted_any(&client, &ns).await);
+        abort_by_hand(&topics.changelog, 0);
+        abort_by_hand(&topics.input, 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_read_on_a_topic_the_doctor_names_the_permission_and_ends_the_transaction_once_given()
+ {
+    support::with_operator("doctor-acl", |client, ns| async move {
+        let listener = kafka::secure_listener();
+        let secrets = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns);
+        for secret in [
+            serde_json::json!({
+                "metadata": { "name": "kafka-user" },
+                "stringData": { "username": listener.username, "password": listener.password },
+            }),
+            serde_json::json!({
+                "metadata": { "name": "kafka-ca" },
+                "stringData": { "ca.crt": std::fs::read_to_string(&listener.ca_file).unwrap() },
+            }),
+        ] {
+            secrets
+                .create(&Default::default(), &serde_json::from_value(secret).unwrap())
+                .await
+                .unwrap();
+        }
+        let topics = doctor_app(
+            &client,
+            &ns,
+            serde_json::json!({
+                "bootstrapServers": listener.bootstrap,
+                "properties": { "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256" },
+                "sasl": { "secretName": "kafka-user" },
+                "tls": { "secretName": "kafka-ca" },
+            }),
+        )
+        .await;
+        let changelog = topics.changelog;
+        // An ACL on the changelog: the app's user may describe it, not read it.
+        let user = format!("User:{}", listener.username);
+        kafka::allow(&user, &["Describe", "DescribeConfigs"], &changelog);
+        testbed::hanging_transaction::make(&changelog, 0);
+
+        let message = transactions_condition(&client, &ns, ("Unknown", "TransactionsUnchecked"), |m| {
+            m.contains("not authorised")
+        })
+        .await;
+        assert!(
+            message.contains(&format!(
+                "describing the producers of {changelog}-0: not authorised; the principal needs \
+                 Read on topic {changelog} (DescribeProducers)"
+            )),
+            "{message}"
+        );
+        assert!(!aborted_any(&client, &ns).await);
+
+        // Given the permission, the next looks find the transaction and end it.
+        kafka::allow(&user, &["Read"], &changelog);
+        let aborted = event_note(&client, &ns, "HangingTransactionAborted").await;
+        assert!(aborted.contains(&format!("on {changelog}/0")), "{aborted}");
+        transactions_condition(&client, &ns, ("True", "NoHangingTransaction"), |_| true).await;
+        let freed = stable_and_end(&changelog, 0);
+        assert_eq!(freed.stable, freed.end, "the partition is free again");
     })
     .await;
 }
