@@ -166,6 +166,7 @@ fn task_status(
                 total,
                 rate,
                 eta_seconds,
+                waiting_for_transaction_at: r.waiting_for_transaction_at,
             }
         });
     // The newest evidence of a durable commit: the processor's own record, or the drain's
@@ -271,7 +272,13 @@ fn message(
                     .iter()
                     .filter_map(|t| {
                         t.restore.as_ref().map(|r| {
-                            format!("partition {} {}/{}", t.partition, r.restored, r.total)
+                            let waiting = r.waiting_for_transaction_at.map_or(String::new(), |at| {
+                                format!(" (waiting for an open transaction at offset {at} to end)")
+                            });
+                            format!(
+                                "partition {} {}/{}{waiting}",
+                                t.partition, r.restored, r.total
+                            )
                         })
                     })
                     .collect();
@@ -348,6 +355,7 @@ pub fn significant(status: &PodStateStatus) -> PodStateStatus {
             total: r.total,
             rate: None,
             eta_seconds: None,
+            waiting_for_transaction_at: r.waiting_for_transaction_at,
         });
         t.checkpoint_age_seconds = None;
         t.wal_bytes = 0;

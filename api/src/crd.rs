@@ -719,6 +719,11 @@ pub struct RestoreStatus {
     /// Estimated seconds left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta_seconds: Option<i64>,
+    /// While the restore waits for a transaction open on the changelog to end: the offset it
+    /// starts at (read_committed readers stop there). A transaction that never ends is found
+    /// by the operator (condition TransactionsHealthy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for_transaction_at: Option<i64>,
 }
 
 fn is_zero(n: &i64) -> bool {

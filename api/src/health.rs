@@ -264,6 +264,10 @@ pub struct RestoreProgress {
     pub started_at_ms: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at_ms: Option<i64>,
+    /// While the restore waits for a transaction open on the changelog to end: the offset it
+    /// starts at (the store's changelog offset; read_committed readers stop there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for_transaction_at: Option<i64>,
 }
 
 /// RocksDB write-ahead log files of a store.

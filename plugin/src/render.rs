@@ -326,6 +326,12 @@ fn task_line(t: &TaskStateStatus, colour: Colour) -> String {
         if let Some(eta) = r.eta_seconds {
             line += &format!("  ETA {}", duration(eta));
         }
+        if let Some(at) = r.waiting_for_transaction_at {
+            line += &format!(
+                "  {}",
+                paint(colour, "33", &format!("waiting for an open transaction at offset {at}"))
+            );
+        }
     }
     if let Some(why) = &t.backoff {
         line += &format!("  {}", paint(colour, "31", why));

@@ -537,15 +537,20 @@ impl Restorer {
             .or(state.waiting_since)
             .is_some_and(|t| now - t > Duration::from_secs(5))
         {
+            let visible_end = store.meta().changelog_offset.unwrap_or(0);
             warn!(
+                topic = %self.topic,
                 partition,
-                visible_end = store.meta().changelog_offset,
+                visible_end,
                 end,
-                "waiting for an open transaction of a previous owner to end on the changelog \
-                 (the coordinator aborts it after transaction.timeout.ms; if this goes on \
-                 for minutes, the transaction hangs, which a broker crash can cause: find it \
-                 with kafka-transactions.sh find-hanging and end it with kafka-transactions.sh \
-                 abort --topic <changelog> --partition <partition> --start-offset <visible_end>)"
+                "waiting for an open transaction to end on {}/{partition}, at offset \
+                 {visible_end} (its coordinator aborts a live one after \
+                 transaction.timeout.ms; one that hangs, as a broker crash can leave, the \
+                 operator's transaction doctor ends, see the condition TransactionsHealthy; by \
+                 hand: kafka-transactions.sh abort --topic {} --partition {partition} \
+                 --start-offset {visible_end})",
+                self.topic,
+                self.topic
             );
             state.warned_at = Some(now);
         }

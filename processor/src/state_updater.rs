@@ -25,7 +25,7 @@
 //! [`Update::Reopened`] or [`Update::Closed`]; what the task does with it is the lifecycle's
 //! rule ([`crate::lifecycle::Lifecycle::on_arrival`]).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
@@ -169,6 +169,13 @@ pub enum Update {
         partition: i32,
         store: TaskStore,
         error: RestoreError,
+    },
+    /// The restore of the partition began or stopped waiting for a transaction open on the
+    /// changelog to end: `Some(offset)`, where it starts (and the store's changelog offset
+    /// stands), or `None`. Sent when it changes.
+    Waiting {
+        partition: i32,
+        for_transaction_at: Option<i64>,
     },
     /// Changelog records of the partition the reader skipped (see
     /// [`crate::restore::ChangelogRecord::Undecodable`]).
@@ -457,6 +464,8 @@ impl StoreOpener {
 struct Reader {
     restorer: Restorer,
     stores: BTreeMap<i32, TaskStore>,
+    /// The partitions whose restore waits for an open transaction (as last sent).
+    waiting: BTreeSet<i32>,
 }
 
 impl Reader {
@@ -464,6 +473,7 @@ impl Reader {
         Reader {
             restorer,
             stores: BTreeMap::new(),
+            waiting: BTreeSet::new(),
         }
     }
 
@@ -473,6 +483,7 @@ impl Reader {
 
     fn take(&mut self, partition: i32) -> Option<TaskStore> {
         self.restorer.stop(partition);
+        self.waiting.remove(&partition);
         self.stores.remove(&partition)
     }
 }
@@ -593,6 +604,8 @@ impl Worker {
                     from: store.meta().changelog_offset,
                     to_restore,
                 });
+                // A restore begun (again) waits for nothing yet.
+                reader.waiting.remove(&partition);
                 reader.stores.insert(partition, store);
             }
             Err(error) => {
@@ -621,12 +634,27 @@ impl Worker {
             Ok(r) => r,
             Err(error) => {
                 reader.restorer.stop_all();
+                reader.waiting.clear();
                 let stores = std::mem::take(&mut reader.stores).into_iter().collect();
                 send(Update::ReaderFailed { error, stores });
                 return;
             }
         };
         for (partition, result) in results {
+            let waits = matches!(result, Ok((_, Step::WaitingForOpenTransaction)));
+            if waits != reader.waiting.contains(&partition) {
+                let for_transaction_at = if waits {
+                    reader.waiting.insert(partition);
+                    reader.stores[&partition].meta().changelog_offset
+                } else {
+                    reader.waiting.remove(&partition);
+                    None
+                };
+                send(Update::Waiting {
+                    partition,
+                    for_transaction_at,
+                });
+            }
             match result {
                 Ok((restored, Step::Done)) => {
                     let store = reader.stores.remove(&partition).expect("restoring");

@@ -270,6 +270,7 @@ fn restore_progress_has_a_rate_and_an_eta_while_restoring_only() {
         records_to_restore: 10_000,
         started_at_ms: NOW - 10_000,
         finished_at_ms: None,
+        waiting_for_transaction_at: None,
     });
     let probes = Probes {
         readyz: false,
@@ -282,10 +283,24 @@ fn restore_progress_has_a_rate_and_an_eta_while_restoring_only() {
             restored: 3_000,
             total: 10_000,
             rate: Some(300),
-            eta_seconds: Some(23)
+            eta_seconds: Some(23),
+            waiting_for_transaction_at: None,
         })
     );
     assert!(s.message.unwrap().contains("partition 0 3000/10000"));
+
+    // Held back by an open transaction on the changelog: the status says where.
+    h.tasks[0].restore.as_mut().unwrap().waiting_for_transaction_at = Some(3_000);
+    let s = pod_status("pod-0", &file(h.clone()), &disk_with_task0(), &probes, NOW);
+    assert_eq!(
+        s.tasks[0].restore.as_ref().unwrap().waiting_for_transaction_at,
+        Some(3_000)
+    );
+    assert!(
+        s.message.unwrap().contains(
+            "partition 0 3000/10000 (waiting for an open transaction at offset 3000 to end)"
+        )
+    );
 
     h.tasks[0].restore.as_mut().unwrap().finished_at_ms = Some(NOW - 1);
     let s = pod_status("pod-0", &file(h), &disk_with_task0(), &probes, NOW);

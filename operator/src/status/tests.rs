@@ -335,6 +335,7 @@ fn a_store_rebuilt_after_quarantine_names_the_pod_partition_and_reason() {
             total: 5000,
             rate: None,
             eta_seconds: None,
+            waiting_for_transaction_at: None,
         }),
         last_quarantine_reason: Some("Corruption: block checksum mismatch".into()),
         ..Default::default()

@@ -528,6 +528,7 @@ impl Engine {
                         records_to_restore: to_restore,
                         started_at_ms: now_ms(),
                         finished_at_ms: None,
+                        waiting_for_transaction_at: None,
                     });
                 }
             }
@@ -561,6 +562,19 @@ impl Engine {
             } => {
                 if self.give_back(p, store) {
                     self.on_restore_failed(p, error)?;
+                }
+            }
+            Update::Waiting {
+                partition: p,
+                for_transaction_at,
+            } => {
+                if let Some(progress) = self
+                    .dedup
+                    .tasks
+                    .get_mut(&p)
+                    .and_then(|t| t.health.restore.as_mut())
+                {
+                    progress.waiting_for_transaction_at = for_transaction_at;
                 }
             }
             Update::Skipped {

@@ -337,7 +337,8 @@ async fn a_restore_held_back_by_an_open_transaction_does_not_hold_back_the_other
     a.kill9();
 
     // Someone else's transaction stays open on changelog partition 0 (librdkafka's default
-    // timeout for it: a minute).
+    // timeout for it: a minute), from the partition's end on.
+    let open_at = testbed::kafka::end_offsets(&app.changelog())[0];
     let foreign = testbed::kafka::transactional_producer(&format!("{}-foreign", app.id));
     foreign.begin_transaction().unwrap();
     let time = t0.to_be_bytes();
@@ -369,6 +370,25 @@ async fn a_restore_held_back_by_an_open_transaction_does_not_hold_back_the_other
         Some(TaskState::Restoring),
         "partition 0 still waits for the open transaction"
     );
+    let waiting_at = |h: &streamapp_api::health::ProcessorHealth, p: i32| {
+        h.tasks
+            .iter()
+            .find(|t| t.partition == p)
+            .and_then(|t| t.restore.as_ref())
+            .and_then(|r| r.waiting_for_transaction_at)
+    };
+    assert_eq!(
+        waiting_at(&b.health(), 0),
+        Some(open_at),
+        "the restore says where the transaction it waits for starts"
+    );
+    assert!(
+        b.log_text().contains(&format!(
+            "waiting for an open transaction to end on {}/0, at offset {open_at}",
+            app.changelog()
+        )),
+        "the warning names the partition and the offset"
+    );
 
     foreign.abort_transaction(Duration::from_secs(10)).unwrap();
     b.wait_ready(MINUTE);
@@ -376,6 +396,7 @@ async fn a_restore_held_back_by_an_open_transaction_does_not_hold_back_the_other
         b.log_text()
             .contains("open transaction on the changelog ended")
     );
+    assert_eq!(waiting_at(&b.health(), 0), None, "it waits no more");
     let mut again = [on(0, "r"), on(1, "r")].concat();
     again.push(Input::cmd("fresh", t0 + 200).partition(0));
     app.produce(&again);
