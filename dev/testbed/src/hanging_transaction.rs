@@ -88,18 +88,28 @@ pub fn make_as(topic: &str, partition: i32, txn_id: &str) {
     };
 
     let _off = VerificationOff::new();
-    let mut coordinator = coordinator(txn_id);
     let id = TransactionalId(StrBytes::from_string(txn_id.to_string()));
-    let init = coordinator
-        .send_at(
-            4,
-            &InitProducerIdRequest::default()
-                .with_transactional_id(Some(id.clone()))
-                .with_transaction_timeout_ms(60_000)
-                .with_producer_id(ProducerId(-1))
-                .with_producer_epoch(-1),
-        )
-        .unwrap();
+    // A coordinator still loading (a broker just started), or one that moved, answers with a
+    // retriable error: ask again (the coordinator found anew) for up to half a minute.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let init = loop {
+        let init = coordinator(txn_id)
+            .send_at(
+                4,
+                &InitProducerIdRequest::default()
+                    .with_transactional_id(Some(id.clone()))
+                    .with_transaction_timeout_ms(60_000)
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1),
+            )
+            .unwrap();
+        // COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR.
+        if [14, 15, 16].contains(&init.error_code) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        break init;
+    };
     assert_eq!(init.error_code, 0, "InitProducerId");
     let record = Record {
         transactional: true,
