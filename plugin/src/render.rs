@@ -329,7 +329,11 @@ fn task_line(t: &TaskStateStatus, colour: Colour) -> String {
         if let Some(at) = r.waiting_for_transaction_at {
             line += &format!(
                 "  {}",
-                paint(colour, "33", &format!("waiting for an open transaction at offset {at}"))
+                paint(
+                    colour,
+                    "33",
+                    &format!("waiting for an open transaction at offset {at}")
+                )
             );
         }
     }
@@ -445,6 +449,29 @@ mod tests {
         assert_eq!(bytes(512), "512 B");
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(bytes(3 * 1024 * 1024 * 1024), "3.0 GiB");
+    }
+
+    #[test]
+    fn a_restore_waiting_for_an_open_transaction_says_where() {
+        let mut task = TaskStateStatus {
+            partition: 2,
+            state: Some(TaskState::Restoring),
+            restore: Some(streamapp_api::crd::RestoreStatus {
+                restored: 600,
+                total: 1000,
+                waiting_for_transaction_at: Some(1200),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(
+            task_line(&task, Colour::Never)
+                .contains("60% 600/1000  waiting for an open transaction at offset 1200"),
+            "{}",
+            task_line(&task, Colour::Never)
+        );
+        task.restore.as_mut().unwrap().waiting_for_transaction_at = None;
+        assert!(!task_line(&task, Colour::Never).contains("waiting"));
     }
 
     #[test]

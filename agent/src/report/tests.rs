@@ -290,17 +290,23 @@ fn restore_progress_has_a_rate_and_an_eta_while_restoring_only() {
     assert!(s.message.unwrap().contains("partition 0 3000/10000"));
 
     // Held back by an open transaction on the changelog: the status says where.
-    h.tasks[0].restore.as_mut().unwrap().waiting_for_transaction_at = Some(3_000);
+    h.tasks[0]
+        .restore
+        .as_mut()
+        .unwrap()
+        .waiting_for_transaction_at = Some(3_000);
     let s = pod_status("pod-0", &file(h.clone()), &disk_with_task0(), &probes, NOW);
     assert_eq!(
-        s.tasks[0].restore.as_ref().unwrap().waiting_for_transaction_at,
+        s.tasks[0]
+            .restore
+            .as_ref()
+            .unwrap()
+            .waiting_for_transaction_at,
         Some(3_000)
     );
-    assert!(
-        s.message.unwrap().contains(
-            "partition 0 3000/10000 (waiting for an open transaction at offset 3000 to end)"
-        )
-    );
+    assert!(s.message.unwrap().contains(
+        "partition 0 3000/10000 (waiting for an open transaction at offset 3000 to end)"
+    ));
 
     h.tasks[0].restore.as_mut().unwrap().finished_at_ms = Some(NOW - 1);
     let s = pod_status("pod-0", &file(h), &disk_with_task0(), &probes, NOW);

@@ -523,26 +523,27 @@ mod tests {
 
     #[test]
     fn the_repartition_topic_is_watched_only_where_the_processors_use_it() {
+        use streamapp_api::config::{DedupIdSource, Repartition};
+        let repartition_watched = |app: &StreamApp| {
+            watched_topics(app)
+                .contains(&("shop.orders-dedup-repartition".into(), TopicRole::Internal))
+        };
+        // The sample's id is the record key: the input is partitioned by it already.
         let mut app = crate::testing::app();
-        let watched = |app: &StreamApp| -> Vec<(String, TopicRole)> { watched_topics(app) };
         assert_eq!(
-            watched(&app),
+            watched_topics(&app),
             [
                 ("shop.orders-dedup-changelog", TopicRole::Internal),
-                ("shop.orders-dedup-repartition", TopicRole::Internal),
                 ("orders", TopicRole::Shared),
                 ("orders-unique", TopicRole::Shared),
                 ("orders-dlq", TopicRole::Shared),
             ]
             .map(|(t, r)| (t.to_string(), r))
         );
-        app.spec.topology.repartition = streamapp_api::config::Repartition::Never;
-        assert!(
-            !watched(&app)
-                .iter()
-                .any(|(t, _)| t.ends_with("-dedup-repartition")),
-            "{:?}",
-            watched(&app)
-        );
+        app.spec.topology.dedup_id.source = DedupIdSource::Header;
+        app.spec.topology.dedup_id.header = Some("command-id".into());
+        assert!(repartition_watched(&app), "{:?}", watched_topics(&app));
+        app.spec.topology.repartition = Repartition::Never;
+        assert!(!repartition_watched(&app), "{:?}", watched_topics(&app));
     }
 }
