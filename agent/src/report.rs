@@ -215,6 +215,8 @@ fn task_status(
         changelog_end: t.changelog_end_offset,
         restore_lag,
         restore,
+        // A dead processor waits for nothing.
+        input_waiting_for_transaction_at: t.input_waiting_for_transaction_at.filter(|_| alive),
         opened: t.opened.map(Into::into),
         checkpoint_age_seconds: checkpoint_at.map(|at| age_seconds(now_ms, at)),
         wal_files: i64::try_from(wal_files).unwrap_or(i64::MAX),
@@ -308,6 +310,16 @@ fn message(
                     b.kind,
                     b.reason,
                     b.attempts
+                ));
+            }
+        }
+        // A task whose input stands at a transaction that stays open processes nothing.
+        for t in status.tasks.iter() {
+            if let Some(at) = t.input_waiting_for_transaction_at {
+                why.push(format!(
+                    "partition {} reads nothing past offset {at} of its input: a transaction open \
+                     there has not ended",
+                    t.partition
                 ));
             }
         }

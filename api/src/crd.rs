@@ -688,6 +688,12 @@ pub struct TaskStateStatus {
     /// While restoring: records restored so far of records to restore.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreStatus>,
+    /// While the task's input (the repartition topic, or the input topic without one) stands
+    /// at its last stable offset behind a transaction that stays open: the offset that
+    /// transaction starts at. A transaction that never ends is found by the operator
+    /// (condition TransactionsHealthy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_waiting_for_transaction_at: Option<i64>,
     /// How the store was opened: Clean, ReplayedTail, FullRestore, Rebuilt or Resumed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opened: Option<StoreOpen>,

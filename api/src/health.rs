@@ -210,6 +210,11 @@ pub struct TaskHealth {
     /// Restore progress, while restoring and after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreProgress>,
+    /// While the active task's input (the repartition topic, or the input topic without one)
+    /// stands at its last stable offset behind a transaction that stays open: the offset that
+    /// transaction starts at, where read_committed readers stop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_waiting_for_transaction_at: Option<i64>,
     /// When the checkpoint file of this task was last written (a drain).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint_at_ms: Option<i64>,

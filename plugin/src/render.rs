@@ -337,6 +337,16 @@ fn task_line(t: &TaskStateStatus, colour: Colour) -> String {
             );
         }
     }
+    if let Some(at) = t.input_waiting_for_transaction_at {
+        line += &format!(
+            "  {}",
+            paint(
+                colour,
+                "33",
+                &format!("input waits for an open transaction at offset {at}")
+            )
+        );
+    }
     if let Some(why) = &t.backoff {
         line += &format!("  {}", paint(colour, "31", why));
     }
@@ -472,6 +482,24 @@ mod tests {
         );
         task.restore.as_mut().unwrap().waiting_for_transaction_at = None;
         assert!(!task_line(&task, Colour::Never).contains("waiting"));
+    }
+
+    #[test]
+    fn an_active_task_whose_input_waits_for_an_open_transaction_says_where() {
+        let mut task = TaskStateStatus {
+            partition: 1,
+            state: Some(TaskState::Active),
+            input_waiting_for_transaction_at: Some(77),
+            committed_offset: Some(77),
+            ..Default::default()
+        };
+        assert_eq!(
+            task_line(&task, Colour::Never),
+            "partition 1   Active  input waits for an open transaction at offset 77  offset 77  WAL 0 \
+             files 0 B"
+        );
+        task.input_waiting_for_transaction_at = None;
+        assert!(!task_line(&task, Colour::Never).contains("waits"));
     }
 
     #[test]

@@ -16,12 +16,10 @@ use std::time::Duration;
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ConfigSource, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::BaseConsumer;
 use tracing::{info, warn};
 
 use crate::internal_topic::{self, InternalTopic};
-use crate::restore::RestoreError;
 
 /// The changelog's cleanup policy.
 pub const CLEANUP_POLICY: &str = "compact,delete";
@@ -259,41 +257,6 @@ async fn reconcile_configs(
             changes.join(", ")
         ))),
         None => Err(kafka("no answer altering its configuration".into())),
-    }
-}
-
-/// Looks up the real end (high watermark, read_uncommitted) of changelog partitions.
-pub struct ChangelogEnds {
-    topic: String,
-    probe: BaseConsumer,
-}
-
-impl ChangelogEnds {
-    pub fn new(base: &ClientConfig, topic: &str) -> Result<Self, KafkaError> {
-        let mut probe_cfg = base.clone();
-        probe_cfg
-            .set("isolation.level", "read_uncommitted")
-            .set("group.id", "streamapp-restore-unused");
-        Ok(ChangelogEnds {
-            topic: topic.to_string(),
-            probe: probe_cfg.create()?,
-        })
-    }
-
-    /// The partition's (low, high) watermarks: a broker round trip.
-    pub fn watermarks(&self, partition: i32) -> Result<(i64, i64), RestoreError> {
-        self.probe
-            .fetch_watermarks(&self.topic, partition, Duration::from_secs(10))
-            .map_err(|source| RestoreError::Kafka {
-                topic: self.topic.clone(),
-                partition,
-                source,
-            })
-    }
-
-    /// The real end (high watermark) of a changelog partition.
-    pub fn end_offset(&self, partition: i32) -> Result<i64, RestoreError> {
-        Ok(self.watermarks(partition)?.1)
     }
 }
 

@@ -13,6 +13,7 @@ pub mod json_pointer;
 pub mod kafka_errors;
 pub mod lifecycle;
 pub mod metrics;
+pub mod open_transactions;
 pub mod probes;
 pub mod quarantine;
 pub mod record_attempts;

@@ -32,8 +32,8 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{error, info, warn};
 
-use crate::changelog::ChangelogEnds;
 use crate::kafka_errors::reader_error_is_transient;
+use crate::open_transactions::HighWatermarks;
 use crate::store::{Staged, StoreError, TaskStore};
 
 /// Records applied to RocksDB per batch while restoring.
@@ -131,7 +131,7 @@ pub struct Restorer {
     follow: bool,
     /// read_committed, partition EOF events on.
     reader: BaseConsumer<ReaderContext>,
-    ends: ChangelogEnds,
+    ends: HighWatermarks,
     partitions: BTreeMap<i32, Partition>,
     /// Undecodable records skipped, by partition, until [`Restorer::take_skipped`].
     skipped: BTreeMap<i32, Skipped>,
@@ -180,7 +180,7 @@ impl Restorer {
             topic: topic.to_string(),
             follow,
             reader: reader_cfg.create_with_context(ReaderContext)?,
-            ends: ChangelogEnds::new(base, topic)?,
+            ends: HighWatermarks::new(base, topic)?,
             partitions: BTreeMap::new(),
             skipped: BTreeMap::new(),
             kafka_warned_at: None,
@@ -260,7 +260,10 @@ impl Restorer {
     /// the reader there; the number of records to restore.
     fn start_reading(&self, partition: i32, store: &TaskStore) -> Result<u64, RestoreError> {
         let from = store.meta().changelog_offset;
-        let (low, high) = self.ends.watermarks(partition)?;
+        let (low, high) = self
+            .ends
+            .watermarks(partition)
+            .map_err(self.kafka_err(partition))?;
         if let Some(offset) = from.filter(|o| *o > high) {
             return Err(RestoreError::AheadOfChangelog {
                 topic: self.topic.clone(),
@@ -508,7 +511,11 @@ impl Restorer {
         if self.follow {
             return Ok((applied, Step::Following));
         }
-        let end = match self.ends.end_offset(partition) {
+        let end = match self
+            .ends
+            .end_offset(partition)
+            .map_err(self.kafka_err(partition))
+        {
             Ok(end) => end,
             Err(e) if e.is_transient() => {
                 self.kafka_away(Some(partition), &e);

@@ -94,6 +94,7 @@ fn a_running_processor_reports_offsets_lag_and_the_wal_the_agent_found_on_disk()
             changelog_end: Some(100),
             restore_lag: Some(5),
             restore: None,
+            input_waiting_for_transaction_at: None,
             opened: Some(status_values::StoreOpen::Clean),
             checkpoint_age_seconds: Some(3),
             wal_files: 2,
@@ -311,6 +312,27 @@ fn restore_progress_has_a_rate_and_an_eta_while_restoring_only() {
     h.tasks[0].restore.as_mut().unwrap().finished_at_ms = Some(NOW - 1);
     let s = pod_status("pod-0", &file(h), &disk_with_task0(), &probes, NOW);
     assert_eq!(s.tasks[0].restore, None);
+}
+
+#[test]
+fn an_input_held_back_by_an_open_transaction_is_in_the_task_and_the_message_while_the_processor_lives()
+ {
+    let mut h = running();
+    h.tasks[0].input_waiting_for_transaction_at = Some(4_200);
+    let s = pod_status("pod-0", &file(h.clone()), &disk_with_task0(), &up(), NOW);
+    assert_eq!(s.tasks[0].input_waiting_for_transaction_at, Some(4_200));
+    assert_eq!(
+        s.message.as_deref(),
+        Some(
+            "partition 0 reads nothing past offset 4200 of its input: a transaction open there \
+             has not ended"
+        )
+    );
+
+    // A processor that is gone waits for nothing: its last report is history.
+    let s = pod_status("pod-0", &file(h), &disk_with_task0(), &gone(), NOW);
+    assert_eq!(s.tasks[0].input_waiting_for_transaction_at, None);
+    assert!(!s.message.unwrap_or_default().contains("reads nothing past"));
 }
 
 #[test]

@@ -13,6 +13,7 @@ use std::time::Instant;
 use streamapp_api::health::TaskHealth;
 
 use crate::lifecycle::{Lifecycle, Phase};
+use crate::open_transactions::TransactionWait;
 use crate::record_attempts::RecordAttempts;
 use crate::shared::now_ms;
 use crate::store::{Staged, StoreError, TaskStore};
@@ -36,6 +37,8 @@ pub(super) struct Task {
     pub restore_started: Option<Instant>,
     /// When the open store's next periodic verification is due.
     pub verify_due: Option<Instant>,
+    /// The task's input stands at an open transaction (looked at with the lag).
+    pub input_wait: Option<TransactionWait>,
 }
 
 impl Task {
@@ -54,6 +57,7 @@ impl Task {
             },
             restore_started: None,
             verify_due: None,
+            input_wait: None,
         }
     }
 

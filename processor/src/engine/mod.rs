@@ -73,10 +73,10 @@ use streamapp_api::config::{
 use streamapp_api::health::{ProcessorPhase, Quarantine};
 use tracing::info;
 
-use crate::changelog::ChangelogEnds;
 use crate::faults::Faults;
 use crate::lifecycle::{Event, Phase};
 use crate::metrics::Metrics;
+use crate::open_transactions::HighWatermarks;
 use crate::repartition::{Purger, RouteStage};
 use crate::shared::{DrainOutcome, Shared};
 use crate::state_updater::{StateUpdater, StoreOpener};
@@ -261,7 +261,9 @@ pub struct Engine {
     /// tasks wait, and their directories stay claimed until it is done.
     store_io: BTreeSet<i32>,
     /// The changelog's real ends, for the health report.
-    changelog_ends: ChangelogEnds,
+    changelog_ends: HighWatermarks,
+    /// The dedup stage's input's real ends: where its tasks see an open transaction ahead.
+    input_ends: HighWatermarks,
     /// Scans stores for damage in the background.
     verifier: Verifier,
     /// Deletes what the dedup stage committed from the repartition topic.
@@ -320,8 +322,10 @@ impl Engine {
         let updater = StateUpdater::start(&cfg.client, &cfg.changelog_topic)
             .map_err(|e| fatal("creating the restore consumer", e))?
             .with_stores(opener);
-        let changelog_ends = ChangelogEnds::new(&cfg.client, &cfg.changelog_topic)
+        let changelog_ends = HighWatermarks::new(&cfg.client, &cfg.changelog_topic)
             .map_err(|e| fatal("creating the changelog probe", e))?;
+        let input_ends = HighWatermarks::new(&cfg.client, cfg.dedup_input())
+            .map_err(|e| fatal("creating the dedup input's probe", e))?;
         let purger = match &cfg.repartition_topic {
             Some(topic) => Some(
                 Purger::start(&cfg.client, topic)
@@ -349,6 +353,7 @@ impl Engine {
             in_updater: BTreeSet::new(),
             store_io: BTreeSet::new(),
             changelog_ends,
+            input_ends,
             verifier: Verifier::start(cfg.rocksdb.verify_keys_per_second),
             purger,
             last_purge: Instant::now(),

@@ -8,12 +8,18 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::Consumer;
 use streamapp_api::health::{ProcessorPhase, StoreUnavailable};
 use streamapp_api::state_volume::wal_files;
+use tracing::{info, warn};
 
 use super::{Engine, GroupConsumer};
 use crate::lifecycle::Phase;
 use crate::metrics::{GaugeShare, Metrics};
+use crate::open_transactions::TransactionWait;
 use crate::shared::now_ms;
 use crate::store::MemoryRole;
+
+/// How long past a commit interval a task's input may stand at an open transaction before the
+/// task says so: its own route stage's transaction is open for about a commit interval.
+const INPUT_WAIT_REPORTED_AFTER: Duration = Duration::from_secs(5);
 
 /// An engine's parts of the gauges that count for the whole process (see [`GaugeShare`]).
 pub(super) struct ThreadGauges {
@@ -181,20 +187,66 @@ impl Engine {
     }
 
     /// Sets the lag of each stage on the partitions this process owns (end offsets minus
-    /// positions; a broker round trip per partition: done on a slow timer by the loop).
+    /// positions; a broker round trip per partition: done on a slow timer by the loop), and
+    /// whether an active task's input is held by an open transaction (one more round trip per
+    /// active task, for the real end).
     pub fn refresh_lag(&mut self, consumer: &GroupConsumer) {
         let timeout = Duration::from_secs(2);
+        // The consumer reads committed: its high watermarks are last stable offsets.
+        let stable = |topic: &str, p: i32| consumer.fetch_watermarks(topic, p, timeout).ok();
         let lag = |topic: &str, p: i32, position: Option<i64>| -> i64 {
-            consumer
-                .fetch_watermarks(topic, p, timeout)
-                .map_or(0, |(low, high)| (high - position.unwrap_or(low)).max(0))
+            stable(topic, p).map_or(0, |(low, high)| (high - position.unwrap_or(low)).max(0))
         };
-        let dedup: i64 = self
-            .dedup
-            .tasks
-            .values()
-            .map(|t| lag(self.cfg.dedup_input(), t.partition, t.position.next()))
-            .sum();
+        let now = Instant::now();
+        let report_after = self.cfg.topology.commit_interval + INPUT_WAIT_REPORTED_AFTER;
+        let mut dedup = 0;
+        // Consumption paused after produce failures: nobody is held, all wait.
+        let paused = self.paused_until.is_some();
+        for t in self.dedup.tasks.values_mut() {
+            let Some((low, stable_end)) = stable(self.cfg.dedup_input(), t.partition) else {
+                continue;
+            };
+            let position = t.position.next().unwrap_or(low);
+            dedup += (stable_end - position).max(0);
+            let was = t.health.input_waiting_for_transaction_at;
+            // A task that is consumed and does not get on while something is open: held.
+            t.input_wait = if t.active() && !paused {
+                match self.input_ends.end_offset(t.partition) {
+                    Ok(end) => {
+                        TransactionWait::observe(t.input_wait, position, stable_end, end, now)
+                    }
+                    // Asked again next time.
+                    Err(_) => t.input_wait,
+                }
+            } else {
+                None
+            };
+            let waiting = t.input_wait.and_then(|w| w.reported(now, report_after));
+            t.health.input_waiting_for_transaction_at = waiting;
+            let topic = self.input_ends.topic();
+            match (was, waiting) {
+                (None, Some(at)) => warn!(
+                    topic,
+                    partition = t.partition,
+                    offset = at,
+                    "the dedup stage reads nothing past offset {at} of {topic}/{p}: a \
+                     transaction open there has not ended (its coordinator aborts a live one \
+                     after transaction.timeout.ms; one that hangs, as a broker crash can leave, \
+                     the operator's transaction doctor ends, see the condition \
+                     TransactionsHealthy; by hand: kafka-transactions.sh abort --topic {topic} \
+                     --partition {p} --start-offset {at})",
+                    p = t.partition
+                ),
+                (Some(at), None) => info!(
+                    topic,
+                    partition = t.partition,
+                    "the open transaction at offset {at} of {topic}/{p} ended; the dedup \
+                     stage reads on",
+                    p = t.partition
+                ),
+                _ => {}
+            }
+        }
         self.gauges.stage_lag(&self.metrics, "dedup").set(dedup);
         if self.cfg.repartition_topic.is_some() {
             let route: i64 = self

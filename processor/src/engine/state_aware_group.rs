@@ -19,9 +19,9 @@ use tracing::{info, warn};
 
 use super::membership::Share;
 use super::{Engine, EngineConfig, EngineError, GroupConsumer};
-use crate::changelog::ChangelogEnds;
 use crate::group::txn_offsets::GroupGeneration;
 use crate::group::{Generation, GroupConfig, GroupEvent, MemberState, Membership, Report};
+use crate::open_transactions::HighWatermarks;
 use crate::store::{ChangelogIdentity, changelog_offset_on_disk};
 use crate::txn_coordinator::CoordinatorClient;
 use streamapp_kafka_wire::Security;
@@ -40,7 +40,7 @@ pub(super) struct StateAwareGroup {
 /// and (when leading) the changelog ends, read through a client of its own.
 struct EngineReport {
     report: Mutex<Report>,
-    ends: Mutex<ChangelogEnds>,
+    ends: Mutex<HighWatermarks>,
     tasks: i32,
     /// The producers' client settings and the application, to fence a departed member's
     /// transactional id.
@@ -130,7 +130,7 @@ impl StateAwareGroup {
         let security = Security::from_client(client).map_err(|e| {
             EngineError::Fatal(format!("the group membership's Kafka connection: {e}"))
         })?;
-        let ends = ChangelogEnds::new(client, &cfg.changelog_topic).map_err(|e| {
+        let ends = HighWatermarks::new(client, &cfg.changelog_topic).map_err(|e| {
             EngineError::Fatal(format!("creating the group leader's changelog probe: {e}"))
         })?;
         let report = Arc::new(EngineReport {

@@ -391,3 +391,94 @@ async fn input_headers_named_like_the_route_stages_cannot_replace_the_key_or_the
         "the real source, not the forged one: {source}"
     );
 }
+
+/// A transaction that stays open on the repartition topic (another producer's, or one a broker
+/// crash left hanging) holds the dedup stage at the topic's last stable offset: the task says
+/// where (its health, and a warning with the abort command), and reads on once it ends, every
+/// id once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dedup_stage_held_back_by_an_open_transaction_on_the_repartition_topic_says_where() {
+    use rdkafka::producer::{BaseRecord, Producer};
+    let _serial = serial().await;
+    // One partition: every id goes through repartition partition 0.
+    let app = App::create(
+        "rp-held",
+        AppOptions {
+            partitions: 1,
+            dedup_id: serde_json::json!({ "source": "JsonPointer", "jsonPointer": "/id" }),
+            ..Default::default()
+        },
+    )
+    .await;
+    let t0 = now_ms();
+    let mut p = app.start("pod-0");
+    p.wait_ready(MINUTE);
+    app.produce(
+        &(0..20)
+            .map(|i| Input::cmd(&format!("before-{i}"), t0 + i))
+            .collect::<Vec<_>>(),
+    );
+    app.wait_for_records(&app.output, 20, MINUTE);
+
+    // Someone else's transaction stays open on the repartition topic (librdkafka's default
+    // timeout for it: a minute); the route stage's records land behind it.
+    let repartition = app.repartition_topic();
+    let open_at = testbed::kafka::end_offsets(&repartition)[0];
+    let foreign = testbed::kafka::transactional_producer(&format!("{}-foreign", app.id));
+    foreign.begin_transaction().unwrap();
+    testbed::kafka::send(
+        &foreign,
+        BaseRecord::to(&repartition)
+            .partition(0)
+            .key("foreign")
+            .payload("not for the dedup stage"),
+    );
+    foreign.flush(Duration::from_secs(10)).unwrap();
+    app.produce(
+        &(0..20)
+            .map(|i| Input::cmd(&format!("held-{i}"), t0 + 100 + i))
+            .collect::<Vec<_>>(),
+    );
+
+    let waiting_at = |h: &streamapp_api::health::ProcessorHealth| {
+        h.tasks
+            .iter()
+            .find(|t| t.partition == 0)
+            .and_then(|t| t.input_waiting_for_transaction_at)
+    };
+    p.wait_health("the task says where its input waits", MINUTE, |h| {
+        waiting_at(h) == Some(open_at)
+    });
+    assert_eq!(
+        app.read(&app.output).len(),
+        20,
+        "nothing behind the open transaction is processed"
+    );
+    let log = p.log_text();
+    assert!(
+        log.contains(&format!(
+            "the dedup stage reads nothing past offset {open_at} of {repartition}/0"
+        )) && log.contains(&format!(
+            "kafka-transactions.sh abort --topic {repartition} --partition 0 --start-offset {open_at}"
+        )),
+        "the warning names the partition, the offset and the abort command:\n{}",
+        p.log_tail()
+    );
+
+    foreign.abort_transaction(Duration::from_secs(10)).unwrap();
+    app.wait_for_records(&app.output, 40, MINUTE);
+    p.wait_health("the task waits no more", MINUTE, |h| {
+        waiting_at(h).is_none()
+    });
+    assert!(
+        p.log_text().contains(&format!(
+            "the open transaction at offset {open_at} of {repartition}/0 ended"
+        )),
+        "{}",
+        p.log_tail()
+    );
+    let output = app.read(&app.output);
+    assert_eq!(output.len(), 40);
+    assert!(counts(&output).values().all(|&n| n == 1), "every id once");
+    p.kill9();
+}
