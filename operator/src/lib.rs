@@ -34,6 +34,7 @@ pub mod kafka;
 pub mod leader;
 pub mod metrics;
 pub mod network_policy;
+pub mod node_loss;
 pub mod owned;
 pub mod pod_health;
 pub mod preflight;
