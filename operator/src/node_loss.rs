@@ -167,16 +167,11 @@ fn node_state(policy: &Policy, name: &str, node: Option<&Node>, now: Timestamp) 
     if node.ready {
         return NodeState::Fine;
     }
-    let down_for = now
-        .duration_since(node.ready_since)
-        .unsigned_abs()
-        .min(Duration::from_secs(u32::MAX as u64));
-    if now < node.ready_since || down_for < policy.after {
-        let down_for = if now < node.ready_since {
-            Duration::ZERO
-        } else {
-            down_for
-        };
+    // Whole seconds, as the API server keeps them; a clock behind the condition's counts 0.
+    let down_for = Duration::from_secs(
+        u64::try_from(now.as_second() - node.ready_since.as_second()).unwrap_or(0),
+    );
+    if down_for < policy.after {
         return NodeState::Suspect {
             lost_in: policy.after - down_for,
         };
