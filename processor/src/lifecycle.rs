@@ -175,6 +175,18 @@ pub fn found(existed: bool, clean_checkpoint: bool) -> StoreOpen {
     }
 }
 
+/// Whether a store opened for a task that no longer waits for it is closed with a checkpoint
+/// of what it holds. A store created empty (a new task, or a rebuild after damage) holds
+/// nothing to replay or scan and says so: without a checkpoint its directory would read as an
+/// unclean stop at the next start, though the process drained. One found on disk keeps what it
+/// had: its checkpoint still holds, and one left by a crash is still due its scan.
+pub fn checkpoints_an_unwanted_store(how: StoreOpen) -> bool {
+    match how {
+        StoreOpen::FullRestore | StoreOpen::Rebuilt => true,
+        StoreOpen::Clean | StoreOpen::ReplayedTail | StoreOpen::Resumed => false,
+    }
+}
+
 /// One task's lifecycle.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Lifecycle {
@@ -848,6 +860,15 @@ mod tests {
         );
         assert_eq!(found(true, true), StoreOpen::Clean);
         assert_eq!(found(true, false), StoreOpen::ReplayedTail);
+    }
+
+    #[test]
+    fn a_store_created_for_nothing_is_checkpointed_one_found_on_disk_keeps_what_it_had() {
+        assert!(checkpoints_an_unwanted_store(StoreOpen::FullRestore));
+        assert!(checkpoints_an_unwanted_store(StoreOpen::Rebuilt));
+        assert!(!checkpoints_an_unwanted_store(StoreOpen::Clean));
+        assert!(!checkpoints_an_unwanted_store(StoreOpen::ReplayedTail));
+        assert!(!checkpoints_an_unwanted_store(StoreOpen::Resumed));
     }
 
     #[test]

@@ -275,9 +275,13 @@ impl Engine {
         });
         let (store, how) = match (result, destination) {
             (Ok(opened), Destination::Open) => opened,
-            (Ok((store, _)), _) => {
-                // Nothing was written to it: whatever checkpoint it has still holds.
-                self.close_unwanted(p, store, None);
+            (Ok((store, how)), _) => {
+                // Nothing was written to it: whatever checkpoint it has still holds, and one
+                // created empty gets one (a partition revoked while its store was being
+                // created must not make the next start look like one after a crash).
+                let checkpoint = crate::lifecycle::checkpoints_an_unwanted_store(how)
+                    .then(|| self.checkpoint_of(p, &store, None));
+                self.close_unwanted(p, store, checkpoint);
                 return;
             }
             (Err(e), Destination::Open) => {

@@ -290,6 +290,48 @@ async fn drain_writes_a_checkpoint_and_a_restart_restores_nothing_then_removes_i
     assert_eq!(app.read(&app.output).len(), 300);
 }
 
+/// A second pod that joins while the first still creates its stores takes a partition whose
+/// new store was not open yet. The first pod closes that empty store when it arrives; after its
+/// drain, its next start must still find a clean shutdown (every task directory with a
+/// checkpoint), not one that looks like a crash.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_revoked_while_it_was_being_created_leaves_the_next_start_clean() {
+    let _serial = serial().await;
+    let app = App::create(
+        "revokedopen",
+        AppOptions {
+            partitions: 2,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut first = app.start_with("pod-0", &[("STREAMAPP_FAULTS", "slow-open=10000")]);
+    common::wait_for_log(&first, "fault injection: opening the store slowly", MINUTE);
+    let mut second = app.start("pod-1");
+    second.wait_ready(MINUTE);
+    first.wait_ready(MINUTE);
+    common::wait_for_log(
+        &first,
+        "closing a store opened for a task that no longer waits for it",
+        MINUTE,
+    );
+    let kept = first.health().tasks.len();
+    assert_eq!(kept, 1, "the second pod took one of the two partitions");
+    let tasks = std::fs::read_dir(first.state.join("tasks"))
+        .unwrap()
+        .count();
+    assert_eq!(
+        tasks, 2,
+        "both partitions' stores were created on the first pod"
+    );
+
+    first.drain_and_exit();
+    let mut again = app.start("pod-0");
+    again.wait_ready(MINUTE);
+    assert_eq!(again.health().previous_shutdown_clean, Some(true));
+    second.drain_and_exit();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_process_with_the_same_pod_identity_fences_the_first() {
     let _serial = serial().await;
