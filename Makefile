@@ -11,14 +11,15 @@ export CARGO_TARGET_DIR ?= $(STREAMAPP_CACHE)/target
 CARGO := cargo
 CARGO_FLAGS := --release --workspace --locked
 
-.PHONY: help setup system-packages tools kafka-jars control-plane build bench-tools base-images images up down status test test-only test-build test-run bench bench-compare lint crds demo demo-down clean
+.PHONY: help setup system-packages tools kafka-jars control-plane build bench-tools base-images images up down status test test-only test-build test-run test-nodes bench bench-compare lint crds demo demo-down clean
 
 help:
 	@echo "make demo    - set up, start the local services and run the demo"
 	@echo "make demo-down - stop the demo and the local services"
 	@echo "make test    - set up, start the local services, run all tests, stop the services"
 	@echo "make setup   - install system packages, Kafka and the control plane (idempotent)"
-	@echo "make up/down - start/stop the test bed: Kafka, the Kubernetes control plane and a real node"
+	@echo "make up/down - start/stop the test bed: Kafka, the Kubernetes control plane and real nodes (NODE_COUNT, default 1)"
+	@echo "make test-nodes - the tests that need three nodes, against 'make up NODE_COUNT=3'"
 	@echo "make images  - build the node's images (Debian base, pause, the project's image) with podman"
 	@echo "make bench   - processor benchmark: dedup vs a transactional copy, 1M records (needs make up)"
 	@echo "make bench-compare - side by side with Kafka Streams 4.4: table, CSV, chart (~2 h at full size)"
@@ -61,8 +62,9 @@ base-images:
 images: build
 	@dev/image.sh build
 
-# The test bed, all inside one network namespace of its own (dev/net.sh): Kafka, the control
-# plane, and a node (containerd + kubelet + kube-proxy) that runs the project's image.
+# The test bed, in network namespaces of its own (dev/net.sh): Kafka and the control plane in the
+# hub, and NODE_COUNT real nodes (containerd + kubelet + kube-proxy, each in a namespace of its
+# own) that run the project's image.
 up: images
 	@dev/net.sh start
 	@dev/kafka.sh start
@@ -109,6 +111,12 @@ test-build: build
 test-run:
 	@status=0; dev/net.sh exec $(CARGO) test $(CARGO_FLAGS) --offline --no-fail-fast || status=$$?; \
 	  dev/bench-compare-smoke.sh || status=$$?; exit $$status
+
+# The tests that need three real nodes (e2e/tests/nodes), against services that are already up
+# with three nodes (`make up NODE_COUNT=3`).
+test-nodes: build
+	$(CARGO) test --release --locked -p streamapp-e2e --features three-nodes --test nodes --no-run
+	dev/net.sh exec $(CARGO) test --release --locked --offline -p streamapp-e2e --features three-nodes --test nodes
 
 # The processor benchmark (processor/benches/dedup_vs_copy.rs) against the broker of `make up`:
 # the dedup topology next to a plain transactional copy, figures and ratios; asserts nothing.

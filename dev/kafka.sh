@@ -5,7 +5,7 @@
 #                                          e.g. org.apache.kafka.tools.TransactionsCommand
 # Data, config and the log live in $STREAMAPP_RUN/kafka. The broker runs in the test bed's network
 # namespace (dev/net.sh) with three listeners: 127.0.0.1:$KAFKA_PORT (its loopback: tests, tools,
-# and this machine's loopback through the relay), $NODE_IP:$KAFKA_POD_PORT for the pods, and
+# and this machine's loopback through the relay), $HUB_IP:$KAFKA_POD_PORT for the pods, and
 # SASL_SSL on 127.0.0.1:$KAFKA_SECURE_PORT for the tests of secured connections (a CA of its own
 # made here with openssl, SASL PLAIN and SCRAM-SHA-256/512 for the user in $dir/tls/user), and
 # an ACL authorizer.
@@ -51,8 +51,8 @@ process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
 # Each listener advertises its own address, so a client keeps talking to the address it used.
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,PODS://$NODE_IP:$KAFKA_POD_PORT,SECURE://127.0.0.1:$KAFKA_SECURE_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,PODS://$NODE_IP:$KAFKA_POD_PORT,SECURE://127.0.0.1:$KAFKA_SECURE_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,PODS://$HUB_IP:$KAFKA_POD_PORT,SECURE://127.0.0.1:$KAFKA_SECURE_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,PODS://$HUB_IP:$KAFKA_POD_PORT,SECURE://127.0.0.1:$KAFKA_SECURE_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PODS:PLAINTEXT,SECURE:SASL_SSL
@@ -146,7 +146,7 @@ start() {
     done
     touch "$dir/data/.scram-users"
   fi
-  log "kafka is up: bootstrap servers 127.0.0.1:$KAFKA_PORT (pods: $NODE_IP:$KAFKA_POD_PORT; SASL_SSL: 127.0.0.1:$KAFKA_SECURE_PORT)"
+  log "kafka is up: bootstrap servers 127.0.0.1:$KAFKA_PORT (pods: $HUB_IP:$KAFKA_POD_PORT; SASL_SSL: 127.0.0.1:$KAFKA_SECURE_PORT)"
 }
 
 case "${1:-}" in

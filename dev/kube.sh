@@ -4,11 +4,11 @@
 # kube-scheduler, kwok (fake nodes for tests that need many nodes: it marks pods on them
 # Running without running anything, stages in dev/kube/kwok-stages.yaml; its node is tainted so
 # that only pods that ask for it land there) and the test bed's PersistentVolume provisioner.
-# The real node that runs pods (containerd + kubelet) is dev/node.sh.
+# The real nodes that run pods (containerd + kubelet) are dev/node.sh.
 #   dev/kube.sh start|stop|status
 # The admin kubeconfig is written to $KUBECONFIG_PATH; the API server answers on
 # https://127.0.0.1:$APISERVER_PORT inside the namespace (and, through dev/net.sh's relay, on this
-# machine's loopback) and on https://$NODE_IP:$APISERVER_PORT for the node and the pods.
+# machine's loopback) and on https://$HUB_IP:$APISERVER_PORT for the nodes and the pods.
 source "$(dirname "$0")/lib.sh"
 
 dir="$STREAMAPP_RUN/kube"
@@ -17,22 +17,10 @@ APISERVER_URL="https://127.0.0.1:$APISERVER_PORT"
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok local-provisioner)
 PROVISIONER_BIN="${PROVISIONER_BIN:-${CARGO_TARGET_DIR:-$STREAMAPP_CACHE/target}/release/local-provisioner}"
 
-# client_cert NAME CN [ORG]: a key and a certificate signed by the CA, for client authentication.
-client_cert() {
-  local name=$1 cn=$2 org=${3:-}
-  local subj="/CN=$cn"
-  [[ -n $org ]] && subj="/O=$org/CN=$cn"
-  openssl ecparam -name prime256v1 -genkey -noout -out "$name.key" 2>/dev/null
-  openssl req -new -key "$name.key" -subj "$subj" -out "$name.csr" 2>/dev/null
-  printf 'extendedKeyUsage=clientAuth\n' >"$name.ext"
-  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
-    -extfile "$name.ext" -out "$name.crt" 2>/dev/null
-}
-
 # Certificates and keys: a CA, the API server's serving certificate, the service-account
 # signing key pair, a static admin token (in system:masters) for every local client, and client
-# certificates for the node's kubelet (system:node:<name>, authorized by the Node authorizer),
-# kube-proxy and the API server's own calls to the kubelet (logs, exec).
+# certificates for kube-proxy and the API server's own calls to the kubelets (logs, exec). Each
+# node's kubelet gets its own (system:node:<name>) when dev/node.sh starts it.
 make_pki() {
   [[ -f $pki/.complete ]] && return
   mkdir -p "$pki"
@@ -43,10 +31,9 @@ make_pki() {
     openssl req -x509 -new -key ca.key -subj "/CN=streamapp-local-ca" -days 3650 -out ca.crt 2>/dev/null
     openssl ecparam -name prime256v1 -genkey -noout -out apiserver.key 2>/dev/null
     openssl req -new -key apiserver.key -subj "/CN=kube-apiserver" -out apiserver.csr 2>/dev/null
-    printf 'subjectAltName=IP:127.0.0.1,IP:%s,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n' "$NODE_IP" >apiserver.ext
+    printf 'subjectAltName=IP:127.0.0.1,IP:%s,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n' "$HUB_IP" >apiserver.ext
     openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
       -extfile apiserver.ext -out apiserver.crt 2>/dev/null
-    client_cert kubelet "system:node:$NODE_NAME" system:nodes
     client_cert kube-proxy system:kube-proxy
     client_cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
     openssl genrsa -out sa.key 2048 2>/dev/null
@@ -119,7 +106,7 @@ start() {
   log "starting kube-apiserver on $APISERVER_URL"
   start_bg kube-apiserver "$KUBE_BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 0.0.0.0 --advertise-address "$NODE_IP" --secure-port "$APISERVER_PORT" \
+    --bind-address 0.0.0.0 --advertise-address "$HUB_IP" --secure-port "$APISERVER_PORT" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" --token-auth-file "$pki/tokens.csv" \
     --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \

@@ -33,18 +33,31 @@ BASE_IMAGE="${BASE_IMAGE:-localhost/streamapp/debian:bookworm}"
 PAUSE_IMAGE="${PAUSE_IMAGE:-localhost/streamapp/pause:1}"
 APP_IMAGE="${APP_IMAGE:-localhost/streamapp/streamapp:dev}"
 
-# The test bed's network: one network namespace that the test bed creates and owns. Kafka, the
-# control plane, the node (containerd, kubelet, kube-proxy) and its pods all live in it, and
-# nothing in it is routed anywhere else. NODE_IP is the node's address inside it (on a veth pair
-# whose ends both stay inside); 127.0.0.1 inside it is its own loopback. dev/net.sh makes it.
+# The test bed's network: network namespaces that the test bed creates and owns, and nothing in
+# them is routed anywhere else (dev/net.sh makes them). The hub ($TESTBED_NETNS) holds Kafka, the
+# control plane and the tests, at HUB_IP on a bridge; each real node N (1..NODE_COUNT: containerd,
+# kubelet, kube-proxy and its pods) has a namespace of its own joined to that bridge by a veth
+# pair, at node_ip N, with its pods in pod_cidr N (routed between the nodes and the hub).
+# 127.0.0.1 inside each namespace is its own loopback.
 TESTBED_NETNS="${TESTBED_NETNS:-streamapp-testbed}"
 NETNS_PATH="/run/netns/$TESTBED_NETNS"
-NODE_IP="${NODE_IP:-10.213.0.1}"
-NODE_NAME="${NODE_NAME:-streamapp-node}"
-POD_CIDR="${POD_CIDR:-10.214.0.0/24}"
+HUB_IP="${HUB_IP:-10.213.0.1}"
+# How many real nodes: one is the quick loop, three is what node-loss tests need.
+NODE_COUNT="${NODE_COUNT:-1}"
 SERVICE_CIDR="${SERVICE_CIDR:-10.96.0.0/16}"
-# Kafka's listener for pods (advertised as NODE_IP:KAFKA_POD_PORT).
+# Kafka's listener for pods (advertised as HUB_IP:KAFKA_POD_PORT).
 KAFKA_POD_PORT="${KAFKA_POD_PORT:-19094}"
+
+# Node N (1..9): its name, network namespace, address, pods' CIDR and zone.
+node_name() { echo "streamapp-node-$1"; }
+node_netns() { echo "$TESTBED_NETNS-node-$1"; }
+node_ip() { echo "10.213.0.$((10 + $1))"; }
+pod_cidr() { echo "10.214.$1.0/24"; }
+node_zone() {
+  local zones=(a b c)
+  echo "zone-${zones[($1 - 1) % 3]}"
+}
+node_numbers() { seq 1 "$NODE_COUNT"; }
 
 KAFKA_HOME="$STREAMAPP_CACHE/kafka-$KAFKA_VERSION"
 KUBE_BIN="$STREAMAPP_CACHE/kube-$KUBE_VERSION/bin"
@@ -77,6 +90,28 @@ wait_until() {
 in_testbed() {
   [[ -e $NETNS_PATH ]] || die "the test bed's network namespace $TESTBED_NETNS does not exist: run 'make up' (or dev/net.sh start)"
   nsenter --net="$NETNS_PATH" -- "$@"
+}
+
+# in_node N CMD...: runs CMD inside node N's network namespace.
+in_node() {
+  local ns
+  ns=$(node_netns "$1")
+  shift
+  [[ -e /run/netns/$ns ]] || die "node namespace $ns does not exist: run 'make up' (or dev/net.sh start)"
+  nsenter --net="/run/netns/$ns" -- "$@"
+}
+
+# client_cert NAME CN [ORG]: in the current directory (the test bed's PKI), a key and a
+# certificate signed by its CA (ca.crt, ca.key), for client authentication.
+client_cert() {
+  local name=$1 cn=$2 org=${3:-}
+  local subj="/CN=$cn"
+  [[ -n $org ]] && subj="/O=$org/CN=$cn"
+  openssl ecparam -name prime256v1 -genkey -noout -out "$name.key" 2>/dev/null
+  openssl req -new -key "$name.key" -subj "$subj" -out "$name.csr" 2>/dev/null
+  printf 'extendedKeyUsage=clientAuth\n' >"$name.ext"
+  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+    -extfile "$name.ext" -out "$name.crt" 2>/dev/null
 }
 
 # pid_alive PIDFILE: true when the process recorded in PIDFILE still runs.

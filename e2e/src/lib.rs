@@ -27,6 +27,9 @@ use testbed::kube::{TestNamespace, kubectl, kubectl_ok};
 /// The example's StreamApp name.
 pub const APP: &str = "orders-dedup";
 
+/// How long a StreamApp may take to become Ready: pods scheduled, images there, stores restored.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(180);
+
 /// The scenario's topics (the example's, made unique).
 pub struct Topics {
     pub input: String,
@@ -227,6 +230,35 @@ impl Scenario {
             if tokio::time::Instant::now() >= deadline {
                 panic!(
                     "timed out after {timeout:?} waiting for {what}:\n{}",
+                    self.diagnostics().await
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Waits for an Event of `reason` in the scenario's namespace and returns its note; panics
+    /// with the diagnostics when none comes in `timeout`.
+    pub async fn wait_for_event(&self, reason: &str, timeout: Duration) -> String {
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+            self.client.clone(),
+            &self.namespace,
+        );
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let found = events
+                .list(&ListParams::default())
+                .await
+                .expect("listing events")
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some(reason));
+            if let Some(event) = found {
+                return event.note.unwrap_or_default();
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "no {reason} event within {timeout:?}:\n{}",
                     self.diagnostics().await
                 );
             }

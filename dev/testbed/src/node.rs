@@ -1,17 +1,33 @@
-//! The test bed's real node (dev/node.sh): a kubelet with containerd that runs the project's
-//! image, built by dev/image.sh and imported into the node (nothing is pulled).
+//! The test bed's real nodes (dev/node.sh): kubelets with containerd that run the project's
+//! image, built by dev/image.sh and imported into each node (nothing is pulled). Node N is
+//! `streamapp-node-N`, labelled `streamapp.dev/node=real` and with a zone; the faults of
+//! dev/node.sh (kill, freeze, partition, ...) act on one node by its number.
 
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::ListParams;
 use kube::{Api, Client};
 
-const HOW_TO_START: &str = "start it with `make up` (or `dev/node.sh start`)";
+const HOW_TO_START: &str =
+    "start them with `make up` (NODE_COUNT=3 for three; or `dev/node.sh start`)";
 
-/// The node's name (dev/lib.sh's NODE_NAME).
-pub fn name() -> String {
-    std::env::var("NODE_NAME").unwrap_or_else(|_| "streamapp-node".into())
+/// The label every real node carries (the fake kwok node does not).
+pub const REAL_NODE_LABEL: (&str, &str) = ("streamapp.dev/node", "real");
+
+/// The number of a real node from its name (`streamapp-node-N`), the one dev/node.sh takes.
+pub fn number(node_name: &str) -> Option<u32> {
+    node_name
+        .strip_prefix("streamapp-node-")?
+        .parse()
+        .ok()
+        .filter(|n| (1..=9).contains(n))
+}
+
+/// Whether a pod's node (`spec.nodeName`) is one of the test bed's real nodes.
+pub fn is_real(node_name: Option<&str>) -> bool {
+    node_name.and_then(number).is_some()
 }
 
 /// The project's image as the node has it (dev/lib.sh's APP_IMAGE).
@@ -19,43 +35,86 @@ pub fn app_image() -> String {
     std::env::var("APP_IMAGE").unwrap_or_else(|_| "localhost/streamapp/streamapp:dev".into())
 }
 
-/// Kafka's bootstrap address as pods reach it (dev/lib.sh's NODE_IP and KAFKA_POD_PORT).
+/// Kafka's bootstrap address as pods reach it (dev/lib.sh's HUB_IP and KAFKA_POD_PORT).
 pub fn pod_kafka_bootstrap() -> String {
     std::env::var("STREAMAPP_POD_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "10.213.0.1:19094".into())
 }
 
-/// Panics, naming the service, unless the real node is registered and Ready.
-pub async fn require_ready(client: &Client) {
-    let node = name();
-    let found = tokio::time::timeout(
+/// The real nodes registered with the API server, by name, and whether each is Ready.
+pub async fn real_nodes(client: &Client) -> Vec<(String, bool)> {
+    let selector = format!("{}={}", REAL_NODE_LABEL.0, REAL_NODE_LABEL.1);
+    let listed = tokio::time::timeout(
         Duration::from_secs(10),
-        Api::<Node>::all(client.clone()).get_opt(&node),
+        Api::<Node>::all(client.clone()).list(&ListParams::default().labels(&selector)),
     )
     .await
-    .unwrap_or_else(|_| panic!("reading node {node} timed out"))
-    .unwrap_or_else(|e| panic!("reading node {node}: {e}"));
-    let Some(found) = found else {
-        panic!("the test bed's node {node} is not registered (no kubelet runs): {HOW_TO_START}");
-    };
-    let ready = found
-        .status
-        .and_then(|s| s.conditions)
+    .unwrap_or_else(|_| panic!("listing the nodes timed out"))
+    .unwrap_or_else(|e| panic!("listing the nodes: {e}"));
+    listed
+        .items
         .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
+        .map(|node| {
+            let ready = node
+                .status
+                .and_then(|s| s.conditions)
+                .into_iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            (node.metadata.name.unwrap_or_default(), ready)
+        })
+        .collect()
+}
+
+/// Panics, naming the service, unless at least `count` real nodes are registered and every
+/// one is Ready.
+pub async fn require_ready_nodes(client: &Client, count: usize) {
+    let nodes = real_nodes(client).await;
     assert!(
-        ready,
-        "the test bed's node {node} is not Ready: {HOW_TO_START}"
+        nodes.len() >= count,
+        "this needs {count} real node(s) of the test bed, {} registered ({nodes:?}): {HOW_TO_START}",
+        nodes.len()
+    );
+    let not_ready: Vec<&str> = nodes
+        .iter()
+        .filter(|(_, ready)| !ready)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert!(
+        not_ready.is_empty(),
+        "the test bed's node(s) {not_ready:?} are not Ready: {HOW_TO_START}"
     );
 }
 
-/// `ctr` against the node's containerd (namespace k8s.io), through dev/node.sh.
-pub fn ctr(args: &[&str]) -> Output {
+/// Panics, naming the service, unless the test bed's real node(s) are registered and Ready.
+pub async fn require_ready(client: &Client) {
+    require_ready_nodes(client, 1).await;
+}
+
+/// `ctr` against node `node`'s containerd (namespace k8s.io), through dev/node.sh.
+pub fn ctr(node: u32, args: &[&str]) -> Output {
     Command::new(crate::dev_dir().join("node.sh"))
         .arg("ctr")
+        .arg(node.to_string())
         .args(args)
         .output()
         .expect("running dev/node.sh ctr")
+}
+
+/// One of dev/node.sh's node faults (`kill`, `freeze`, `thaw`, `partition`, `heal`,
+/// `restart`) on node `node`, with its extra arguments; panics with its output if it fails.
+pub fn fault(verb: &str, node: u32, extra: &[&str]) {
+    let out = Command::new(crate::dev_dir().join("node.sh"))
+        .arg(verb)
+        .arg(node.to_string())
+        .args(extra)
+        .output()
+        .expect("running dev/node.sh");
+    assert!(
+        out.status.success(),
+        "dev/node.sh {verb} {node} {extra:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The containerd id of a pod's container, from the pod's status.
@@ -78,7 +137,16 @@ pub fn container_id(pod: &Pod, container: &str) -> Option<String> {
 pub fn kill_container(pod: &Pod, container: &str) {
     let id = container_id(pod, container)
         .unwrap_or_else(|| panic!("container {container} of the pod has no id yet"));
-    let out = ctr(&["tasks", "kill", "--all", "--signal", "SIGKILL", &id]);
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .and_then(number)
+        .expect("the pod runs on a real node");
+    let out = ctr(
+        node,
+        &["tasks", "kill", "--all", "--signal", "SIGKILL", &id],
+    );
     assert!(
         out.status.success(),
         "ctr tasks kill {id}: {}",

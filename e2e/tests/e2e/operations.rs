@@ -6,10 +6,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::message::Message;
 use streamapp_api::status_values::{PodPhase, ResetPhase};
-use streamapp_e2e::{APP, Scenario, Sent};
+use streamapp_e2e::{APP, READY_TIMEOUT, Scenario, Sent};
 use testbed::kafka::{self, Isolation};
-
-const READY_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// How often each command id is in the output topic.
 fn output_counts(s: &Scenario) -> BTreeMap<String, usize> {
@@ -170,29 +168,9 @@ async fn a_hanging_transaction_on_the_repartition_topic_is_ended_and_the_stream_
     testbed::hanging_transaction::make(&repartition, 0);
     let mut sent = Sent::new();
     sent.produce(&s, 600, 0.3, 0);
-    let events = kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(
-        s.client.clone(),
-        &s.namespace,
-    );
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let aborted = loop {
-        let found = events
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("HangingTransactionAborted"));
-        if let Some(event) = found {
-            break event.note.unwrap_or_default();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no HangingTransactionAborted event:\n{}",
-            s.diagnostics().await
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let aborted = s
+        .wait_for_event("HangingTransactionAborted", Duration::from_secs(90))
+        .await;
     assert!(
         aborted.contains(&format!("on {repartition}/0")),
         "{aborted}"

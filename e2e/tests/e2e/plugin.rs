@@ -7,9 +7,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use streamapp_api::status_values::{DrainRequest, PodPhase};
-use streamapp_e2e::{APP, Scenario, Sent, pod_name};
-
-const READY_TIMEOUT: Duration = Duration::from_secs(180);
+use streamapp_e2e::{APP, READY_TIMEOUT, Scenario, Sent, pod_name};
 
 /// Runs the workspace's `kubectl-streamapp` (built next to this test) with the test bed's
 /// kubeconfig and its kubectl first on PATH (`inspect` runs `kubectl exec`).
