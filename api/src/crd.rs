@@ -209,6 +209,66 @@ pub struct StreamAppSpec {
     /// cannot be deleted; the broker expires them (transactional.id.expiration.ms).
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// What the operator does about pods on a node that is gone: not Ready for `after`,
+    /// tainted `node.kubernetes.io/out-of-service`, or deleted. Kubernetes alone leaves a
+    /// StatefulSet's pod there until someone force-deletes it; Kafka fences the old pod (its
+    /// transactional id and its group generation), so replacing it cannot duplicate or lose a
+    /// record even if its process still runs.
+    #[serde(default)]
+    pub node_loss: NodeLossSpec,
+}
+
+/// `spec.nodeLoss`.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLossSpec {
+    /// `Replace` (default): force-delete the pod, so that the StatefulSet creates it again on
+    /// another node; never while it is still a live member of its consumer group (its node lost
+    /// only the API server, and its output flows), nor while most nodes are not Ready (the
+    /// control plane is the likely fault), nor more pods at once than the disruption budget
+    /// allows. `Wait`: nothing (an administrator force-deletes, as with any StatefulSet).
+    #[serde(default)]
+    pub action: NodeLossAction,
+    /// How long a node is not Ready before its pods count as lost (at least 10s).
+    #[serde(default = "default_node_loss_after")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10s')").message("nodeLoss.after must be at least 10s: a node's Ready condition can flip for shorter blips"))]
+    pub after: String,
+    /// A state volume only the lost node can reach (a local PersistentVolume). `Recreate`
+    /// (default): its claim is deleted with the pod; the replacement gets a new volume and
+    /// restores from a standby or the changelog. `Keep`: the replacement waits for the node.
+    #[serde(default)]
+    pub local_volumes: LocalVolumesOnNodeLoss,
+}
+
+pub fn default_node_loss_after() -> String {
+    "60s".into()
+}
+
+impl Default for NodeLossSpec {
+    fn default() -> Self {
+        NodeLossSpec {
+            action: NodeLossAction::default(),
+            after: default_node_loss_after(),
+            local_volumes: LocalVolumesOnNodeLoss::default(),
+        }
+    }
+}
+
+/// `spec.nodeLoss.action`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum NodeLossAction {
+    #[default]
+    Replace,
+    Wait,
+}
+
+/// `spec.nodeLoss.localVolumes`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum LocalVolumesOnNodeLoss {
+    #[default]
+    Recreate,
+    Keep,
 }
 
 #[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]

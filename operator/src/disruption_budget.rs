@@ -30,6 +30,25 @@ pub fn desired_disruption_budget(app: &StreamApp) -> PodDisruptionBudget {
     }
 }
 
+/// How many of `replicas` pods the budget lets be unavailable at once (at least one): a
+/// percentage rounds up, as the disruption controller's does.
+pub fn max_unavailable_pods(app: &StreamApp, replicas: i32) -> usize {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let replicas = usize::try_from(replicas).unwrap_or(0);
+    let max = match desired_disruption_budget(app)
+        .spec
+        .and_then(|s| s.max_unavailable)
+    {
+        Some(IntOrString::Int(n)) => usize::try_from(n).unwrap_or(0),
+        Some(IntOrString::String(p)) => p
+            .trim_end_matches('%')
+            .parse::<usize>()
+            .map_or(1, |p| (p * replicas).div_ceil(100)),
+        None => 1,
+    };
+    max.max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,5 +79,20 @@ mod tests {
             spec.max_unavailable,
             Some(IntOrString::String("25%".into()))
         );
+    }
+
+    #[test]
+    fn the_budget_in_pods_rounds_a_percentage_up_and_is_never_zero() {
+        let mut app = app();
+        assert_eq!(max_unavailable_pods(&app, 3), 1);
+        app.spec.disruption_budget = Some(DisruptionBudgetSpec {
+            max_unavailable: IntOrString::String("25%".into()),
+        });
+        assert_eq!(max_unavailable_pods(&app, 3), 1);
+        assert_eq!(max_unavailable_pods(&app, 5), 2);
+        app.spec.disruption_budget = Some(DisruptionBudgetSpec {
+            max_unavailable: IntOrString::Int(2),
+        });
+        assert_eq!(max_unavailable_pods(&app, 3), 2);
     }
 }

@@ -48,6 +48,8 @@ pub struct Metrics {
     pub hanging_transactions: Family<AppLabels, Gauge>,
     /// Hanging transactions the transaction doctor ended, by StreamApp.
     pub hanging_transactions_aborted: Family<AppLabels, Counter>,
+    /// Pods of lost nodes the operator force-deleted (spec.nodeLoss), by StreamApp.
+    pub lost_node_pods_replaced: Family<AppLabels, Counter>,
     /// Liveness and readiness, for the probes.
     pub probes: Probes,
 }
@@ -99,6 +101,7 @@ impl Default for Metrics {
         let leader = Gauge::default();
         let hanging_transactions = Family::<AppLabels, Gauge>::default();
         let hanging_transactions_aborted = Family::<AppLabels, Counter>::default();
+        let lost_node_pods_replaced = Family::<AppLabels, Counter>::default();
         registry.register(
             "hanging_transactions",
             "Transactions open on a partition of the StreamApp's topics that no coordinator will end, at the last look",
@@ -108,6 +111,11 @@ impl Default for Metrics {
             "hanging_transactions_aborted",
             "Hanging transactions the operator ended with an abort marker",
             hanging_transactions_aborted.clone(),
+        );
+        registry.register(
+            "lost_node_pods_replaced",
+            "Pods on lost nodes the operator force-deleted so that they run elsewhere (spec.nodeLoss)",
+            lost_node_pods_replaced.clone(),
         );
         registry.register(
             "reconciliations",
@@ -137,6 +145,7 @@ impl Default for Metrics {
             leader,
             hanging_transactions,
             hanging_transactions_aborted,
+            lost_node_pods_replaced,
             probes: Probes::default(),
         }
     }

@@ -44,6 +44,26 @@ pub struct Policy {
     pub local_volumes: LocalVolumes,
 }
 
+impl Policy {
+    /// The StreamApp's `spec.nodeLoss` (an `after` the CRD let through but that does not parse
+    /// counts as the default).
+    pub fn of(spec: &streamapp_api::crd::NodeLossSpec) -> Policy {
+        use streamapp_api::crd::{LocalVolumesOnNodeLoss, NodeLossAction};
+        let default = Policy::default();
+        Policy {
+            action: match spec.action {
+                NodeLossAction::Replace => Action::Replace,
+                NodeLossAction::Wait => Action::Wait,
+            },
+            after: streamapp_api::units::parse_duration(&spec.after).unwrap_or(default.after),
+            local_volumes: match spec.local_volumes {
+                LocalVolumesOnNodeLoss::Recreate => LocalVolumes::Recreate,
+                LocalVolumesOnNodeLoss::Keep => LocalVolumes::Keep,
+            },
+        }
+    }
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Policy {
@@ -132,6 +152,32 @@ impl Reason {
             Reason::Replacing => "Replacing",
             Reason::Held => "Held",
             Reason::WaitingForDetach => "WaitingForDetach",
+        }
+    }
+}
+
+/// What the status says about lost nodes (the `NodeLoss` condition: `True` while pods of lost
+/// nodes are replaced or held).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeLossFinding {
+    /// What the last [`plan`] decided.
+    Planned { reason: Reason, message: String },
+    /// The nodes or volumes could not be read (the error says which permission is missing).
+    CannotObserve(String),
+}
+
+impl NodeLossFinding {
+    /// The condition's status, reason and message.
+    pub fn condition(&self) -> (&'static str, &'static str, String) {
+        match self {
+            NodeLossFinding::Planned {
+                reason: Reason::AllNodesReady,
+                ..
+            } => ("False", Reason::AllNodesReady.as_str(), String::new()),
+            NodeLossFinding::Planned { reason, message } => {
+                ("True", reason.as_str(), message.clone())
+            }
+            NodeLossFinding::CannotObserve(why) => ("Unknown", "CannotObserveNodes", why.clone()),
         }
     }
 }
@@ -377,6 +423,25 @@ mod tests {
             live_members: Some(BTreeSet::from(["app-0".into(), "app-2".into()])),
             budget: 1,
         }
+    }
+
+    #[test]
+    fn the_spec_resolves_to_the_policy_and_its_defaults_are_replace_after_a_minute_recreate() {
+        use streamapp_api::crd::{LocalVolumesOnNodeLoss, NodeLossAction, NodeLossSpec};
+        assert_eq!(Policy::of(&NodeLossSpec::default()), Policy::default());
+        let spec = NodeLossSpec {
+            action: NodeLossAction::Wait,
+            after: "2m30s".into(),
+            local_volumes: LocalVolumesOnNodeLoss::Keep,
+        };
+        assert_eq!(
+            Policy::of(&spec),
+            Policy {
+                action: Action::Wait,
+                after: Duration::from_secs(150),
+                local_volumes: LocalVolumes::Keep,
+            }
+        );
     }
 
     #[test]

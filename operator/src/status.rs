@@ -15,6 +15,7 @@ use streamapp_api::crd::{PodStateStatus, StreamApp, StreamAppStatus};
 use streamapp_api::status_values::{AppPhase, StateHealth, TaskState};
 use streamapp_api::units::format_duration;
 
+use crate::node_loss::NodeLossFinding;
 use crate::owned;
 use crate::pod_health::PodProblem;
 use crate::preflight::Blocker;
@@ -76,6 +77,9 @@ pub struct Findings {
     /// What the transaction doctor last found (`None`: it has not looked since the operator
     /// started; the condition stays as it was).
     pub transactions: Option<TransactionsFinding>,
+    /// What the operator decided about pods of lost nodes (`None`: it did not look; the
+    /// condition stays as it was).
+    pub node_loss: Option<NodeLossFinding>,
 }
 
 /// What the operator saw of a StreamApp's Kafka (see [`crate::kafka`]).
@@ -445,6 +449,15 @@ pub fn compute_status(
         }
         None => conditions.extend(find(&previous.conditions, TRANSACTIONS_HEALTHY).cloned()),
     }
+    match &findings.node_loss {
+        Some(found) => {
+            let (status, reason, message) = found.condition();
+            conditions.push(condition(
+                &previous, NODE_LOSS, status, reason, message, generation, now,
+            ));
+        }
+        None => conditions.extend(find(&previous.conditions, NODE_LOSS).cloned()),
+    }
 
     let tasks = || reports.iter().flat_map(|p| p.tasks.iter());
     let config_hash = sts
@@ -635,6 +648,10 @@ fn oldest_checkpoint(reports: &[&PodStateStatus]) -> Option<Time> {
         .min()
         .map(Time)
 }
+
+/// Whether pods of the app are on nodes that are gone, and what `spec.nodeLoss` does about them
+/// (see [`crate::node_loss`]).
+pub const NODE_LOSS: &str = "NodeLoss";
 
 /// No partition of the app's topics is held back by a hanging transaction (see
 /// [`crate::transaction_doctor`]).

@@ -246,8 +246,10 @@ fn conditions(conditions: &[Condition], colour: Colour) -> Vec<String> {
         if !c.message.is_empty() {
             line += &format!(": {}", c.message);
         }
-        let bad = (c.type_ == "Degraded" && c.status == "True")
-            || (c.type_ != "Degraded"
+        // Most conditions are good when True; these two say something is wrong when True.
+        let true_is_bad = c.type_ == "Degraded" || c.type_ == "NodeLoss";
+        let bad = (true_is_bad && c.status == "True")
+            || (!true_is_bad
                 && c.type_ != "ReplicasCapped"
                 && c.type_ != "ReconciliationPaused"
                 && c.type_ != "Progressing"

@@ -51,9 +51,11 @@ Cluster-wide by default; a Role in watchNamespace when it watches one namespace.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "patch", "delete"]
+# Pods of a node that is gone are force-deleted (spec.nodeLoss), with their UID as a
+# precondition.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch", "delete"]
 # The Kafka credentials a StreamApp names (spec.kafka.sasl/tls): hashed into the pod template so
 # a changed credential rolls the pods, and used to reach the app's Kafka. Read-only; the
 # operator watches only their metadata.
@@ -68,5 +70,12 @@ Cluster-wide by default; a Role in watchNamespace when it watches one namespace.
 {{- define "streamapp-operator.clusterRules" -}}
 - apiGroups: ["storage.k8s.io"]
   resources: ["storageclasses"]
+  verbs: ["get"]
+{{- /* spec.nodeLoss: which nodes are Ready, and which node a pod's local volume lives on. */}}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list"]
+- apiGroups: [""]
+  resources: ["persistentvolumes"]
   verbs: ["get"]
 {{- end }}

@@ -9,6 +9,7 @@
 //! reset, cleanup).
 
 pub mod doctor;
+mod node_loss;
 mod objects;
 mod operations;
 mod plan;
@@ -41,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::events::workload_changes;
 use crate::kafka::Kafka;
 use crate::metrics::Metrics;
+use crate::node_loss::NodeLossFinding;
 use crate::owned;
 use crate::pod_health::pod_problems;
 use crate::preflight::{Blocker, INVALID_CONFIG, preflight};
@@ -379,6 +381,11 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         operations::run_reset_step(ctx, app, &plan.reset, &kafka, &claims, &internal_topics)
             .await?;
     let replicas = plan.replicas;
+    // Pods of nodes that are gone: replaced, or held with a reason (spec.nodeLoss).
+    let node_loss = node_loss::run(ctx, app, &pods, &claims, seen.as_ref(), replicas).await;
+    if let Err(e) = &node_loss {
+        warn!(app = %id, error = %e, "could not look at the nodes for spec.nodeLoss");
+    }
 
     let storage = resize_claims(ctx, app, &ns).await?;
     let mut notices = Vec::new();
@@ -427,6 +434,13 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
         reset: reset_status,
         scale_in: plan.scale_in_waiting,
         transactions: ctx.doctors.finding(app),
+        node_loss: Some(match &node_loss {
+            Ok(plan) => NodeLossFinding::Planned {
+                reason: plan.reason,
+                message: plan.message.clone(),
+            },
+            Err(e) => NodeLossFinding::CannotObserve(e.to_string()),
+        }),
     };
     let status = compute_status(app, sts.as_ref(), &findings, now);
     for notice in notices {
@@ -435,7 +449,23 @@ async fn reconcile_app(app: &StreamApp, ctx: &Context) -> Result<Action> {
     write_status(ctx, app, status).await?;
     prune_pod_reports(ctx, app, &uids).await?;
     operations::remove_departed_members(ctx, app, &kafka, seen.as_ref(), replicas, &pods).await;
-    Ok(Action::requeue(plan.requeue))
+    let mut requeue = plan.requeue;
+    if let Ok(node_plan) = &node_loss {
+        requeue = requeue.min(node_loss_requeue(node_plan));
+    }
+    Ok(Action::requeue(requeue))
+}
+
+/// When to look at the nodes again: when a node that is not Ready would count as lost, and
+/// soon while pods of lost nodes are being replaced or held.
+fn node_loss_requeue(plan: &crate::node_loss::Plan) -> Duration {
+    let acting =
+        (plan.reason != crate::node_loss::Reason::AllNodesReady).then_some(Duration::from_secs(10));
+    [plan.recheck_after, acting]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(REQUEUE)
 }
 
 /// The UID of each pod, by name.
