@@ -1,0 +1,332 @@
+//! StreamApps on three real nodes (`make up NODE_COUNT=3`, or `make test-nodes`): where pods and
+//! standbys go, and what a lost node costs. A node is lost the way a machine is: dev/node.sh
+//! kills every process of it at once and takes its link down; nothing is emulated, the control
+//! plane and Kafka find out on their own.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use streamapp_api::crd::StreamAppStatus;
+use streamapp_api::status_values::TaskState;
+use streamapp_e2e::{READY_TIMEOUT, Scenario, Sent, pod_name};
+
+const NODES: usize = 3;
+
+/// An app of three pods with one standby copy of each of its six partitions.
+fn three_pods_with_standbys(s: &Scenario) -> serde_yaml::Value {
+    let mut app = s.example();
+    app["spec"]["replicas"] = 3.into();
+    app["spec"]["standbyReplicas"] = 1.into();
+    app
+}
+
+/// The node each pod of the scenario runs on.
+async fn nodes_of_pods(s: &Scenario) -> BTreeMap<String, String> {
+    s.pods()
+        .await
+        .into_iter()
+        .map(|p| {
+            let name = p.metadata.name.clone().unwrap();
+            let node = p.spec.and_then(|s| s.node_name).unwrap_or_default();
+            (name, node)
+        })
+        .collect()
+}
+
+/// For each partition, the pods that report it active and the pods that report a standby.
+fn holders(status: &StreamAppStatus) -> BTreeMap<i32, (Vec<String>, Vec<String>)> {
+    let mut out: BTreeMap<i32, (Vec<String>, Vec<String>)> = BTreeMap::new();
+    for pod in &status.pods {
+        for task in &pod.tasks {
+            let entry = out.entry(task.partition).or_default();
+            match task.state {
+                Some(TaskState::Active) => entry.0.push(pod.name.clone()),
+                Some(TaskState::Standby) => entry.1.push(pod.name.clone()),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn three_pods_go_to_three_nodes_and_each_standby_to_another_node_than_its_active() {
+    let s = Scenario::start("spread", 6).await;
+    testbed::node::require_ready_nodes(&s.client, NODES).await;
+    s.apply(&three_pods_with_standbys(&s));
+    s.wait_ready(READY_TIMEOUT).await;
+
+    let nodes = nodes_of_pods(&s).await;
+    let distinct: BTreeSet<&String> = nodes.values().collect();
+    assert_eq!(distinct.len(), NODES, "one pod per node: {nodes:?}");
+    assert!(
+        nodes.values().all(|n| testbed::node::is_real(Some(n))),
+        "{nodes:?}"
+    );
+
+    let status = s
+        .wait_for_status(
+            "every partition with a standby",
+            Duration::from_secs(120),
+            |st| st.standby_coverage.as_deref() == Some("6/6"),
+        )
+        .await;
+    let holders = holders(&status);
+    assert_eq!(holders.len(), 6, "{holders:?}");
+    for (partition, (active, standbys)) in &holders {
+        assert_eq!(active.len(), 1, "partition {partition}: {holders:?}");
+        assert_eq!(standbys.len(), 1, "partition {partition}: {holders:?}");
+        assert_ne!(
+            nodes[&active[0]], nodes[&standbys[0]],
+            "partition {partition}'s standby is on its active's node: {holders:?} {nodes:?}"
+        );
+    }
+
+    let mut sent = Sent::new();
+    sent.produce(&s, 2000, 0.3, 3);
+    s.assert_exactly_once(&sent);
+    s.finish().await;
+}
+
+/// The condition the operator keeps about pods of lost nodes: status, reason, message.
+fn node_loss(status: &StreamAppStatus) -> Option<(String, String, String)> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "NodeLoss")
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// The pod's UID and node.
+async fn uid_and_node(s: &Scenario, pod: &str) -> (String, String) {
+    let p = s.pod(pod).await;
+    (
+        p.metadata.uid.clone().unwrap(),
+        p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+    )
+}
+
+/// Starts the app (three pods, standbys, `spec.nodeLoss` as given), processes a first batch
+/// and kills the node of pod 0. Returns what was sent, the lost pod's UID, the lost node's
+/// name and number, and when it was lost.
+async fn lose_the_node_of_pod_0(
+    s: &Scenario,
+    node_loss: serde_yaml::Value,
+) -> (Sent, String, String, u32, Instant) {
+    let mut app = three_pods_with_standbys(s);
+    app["spec"]["nodeLoss"] = node_loss;
+    s.apply(&app);
+    s.wait_ready(READY_TIMEOUT).await;
+    s.wait_for_status(
+        "every partition with a standby",
+        Duration::from_secs(120),
+        |st| st.standby_coverage.as_deref() == Some("6/6"),
+    )
+    .await;
+    let mut sent = Sent::new();
+    sent.produce(s, 2000, 0.3, 0);
+    s.wait_processed();
+    let (uid, node) = uid_and_node(s, &pod_name(0)).await;
+    let number = testbed::node::number(&node).expect("a real node");
+    let lost_at = Instant::now();
+    testbed::node::fault("kill", number, &[]);
+    (sent, uid, node, number, lost_at)
+}
+
+#[tokio::test]
+async fn a_node_lost_under_load_fails_over_to_standbys_and_its_pod_is_replaced_on_another_node() {
+    let s = Scenario::start("nodeloss", 6).await;
+    testbed::node::require_ready_nodes(&s.client, NODES).await;
+    let (mut sent, uid, lost_node, number, lost_at) =
+        lose_the_node_of_pod_0(&s, serde_yaml::from_str("after: 10s").unwrap()).await;
+    let lost_pod = pod_name(0);
+
+    // Records keep coming. The lost pod's group membership times out and its partitions go to
+    // their standbys on the other nodes; its open transaction times out.
+    sent.produce(&s, 2000, 0.3, 0);
+    s.wait_processed();
+    println!(
+        "failover: every record processed {:.1} s after node {lost_node} was lost",
+        lost_at.elapsed().as_secs_f64()
+    );
+    s.assert_exactly_once(&sent);
+
+    // Once the node is NotReady for `after`, the operator force-deletes the pod and, its local
+    // volume being on that node only, its claim: the StatefulSet makes the pod again elsewhere.
+    let note = s
+        .wait_for_event("ReplacedPodOfLostNode", Duration::from_secs(180))
+        .await;
+    assert!(note.contains(&lost_pod) && note.contains(&uid), "{note}");
+    let claim_note = s
+        .wait_for_event("RecreatedVolumeOfLostNode", Duration::from_secs(30))
+        .await;
+    assert!(claim_note.contains(&lost_pod), "{claim_note}");
+    s.wait_ready(READY_TIMEOUT).await;
+    let (new_uid, new_node) = uid_and_node(&s, &lost_pod).await;
+    assert_ne!(new_uid, uid, "a new pod");
+    assert_ne!(new_node, lost_node, "on another node");
+    println!(
+        "replacement: {lost_pod} Ready on {new_node} {:.1} s after node {lost_node} was lost",
+        lost_at.elapsed().as_secs_f64()
+    );
+    let status = s
+        .wait_for_status("NodeLoss false again", Duration::from_secs(60), |st| {
+            node_loss(st).is_some_and(|(status, _, _)| status == "False")
+        })
+        .await;
+    assert_eq!(status.ready.as_deref(), Some("3/3"), "{status:?}");
+    sent.produce(&s, 1000, 0.3, 0);
+    s.assert_exactly_once(&sent);
+
+    // The node boots again: it finds its pod gone and runs nothing of the app.
+    testbed::node::fault("restart", number, &[]);
+    s.wait_ready(READY_TIMEOUT).await;
+    let nodes = nodes_of_pods(&s).await;
+    assert_eq!(
+        nodes[&lost_pod], new_node,
+        "the replacement stays where it is"
+    );
+    sent.produce(&s, 1000, 0.3, 0);
+    s.assert_exactly_once(&sent);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn with_wait_the_pod_of_a_lost_node_is_left_to_an_administrator_and_comes_back_with_the_node()
+{
+    let s = Scenario::start("nodewait", 6).await;
+    testbed::node::require_ready_nodes(&s.client, NODES).await;
+    let (mut sent, uid, lost_node, number, _) = lose_the_node_of_pod_0(
+        &s,
+        serde_yaml::from_str("{action: Wait, after: 10s}").unwrap(),
+    )
+    .await;
+    let lost_pod = pod_name(0);
+    sent.produce(&s, 1000, 0.3, 0);
+    s.assert_exactly_once(&sent);
+
+    let status = s
+        .wait_for_status(
+            "NodeLoss: the pod is held",
+            Duration::from_secs(180),
+            |st| {
+                node_loss(st)
+                    .is_some_and(|(status, reason, _)| status == "True" && reason == "Held")
+            },
+        )
+        .await;
+    let (_, _, message) = node_loss(&status).unwrap();
+    assert!(
+        message.contains("spec.nodeLoss.action is Wait") && message.contains(&lost_pod),
+        "{message}"
+    );
+    assert_eq!(
+        uid_and_node(&s, &lost_pod).await,
+        (uid.clone(), lost_node.clone())
+    );
+
+    // The node comes back: the same pod runs again on it, on its own volume.
+    testbed::node::fault("restart", number, &[]);
+    s.wait_ready(READY_TIMEOUT).await;
+    assert_eq!(uid_and_node(&s, &lost_pod).await, (uid, lost_node));
+    s.wait_for_status("NodeLoss false again", Duration::from_secs(60), |st| {
+        node_loss(st).is_some_and(|(status, _, _)| status == "False")
+    })
+    .await;
+    sent.produce(&s, 1000, 0.3, 0);
+    s.assert_exactly_once(&sent);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_node_that_lost_only_the_api_server_keeps_its_pod_because_its_output_flows() {
+    let s = Scenario::start("nodepartition", 6).await;
+    testbed::node::require_ready_nodes(&s.client, NODES).await;
+    let mut app = three_pods_with_standbys(&s);
+    app["spec"]["nodeLoss"] = serde_yaml::from_str("after: 10s").unwrap();
+    s.apply(&app);
+    s.wait_ready(READY_TIMEOUT).await;
+    let lost_pod = pod_name(0);
+    let (uid, node) = uid_and_node(&s, &lost_pod).await;
+    let number = testbed::node::number(&node).expect("a real node");
+
+    testbed::node::fault("partition", number, &[]);
+    let status = s
+        .wait_for_status(
+            "NodeLoss: the pod is held as a live group member",
+            Duration::from_secs(180),
+            |st| {
+                node_loss(st)
+                    .is_some_and(|(status, reason, _)| status == "True" && reason == "Held")
+            },
+        )
+        .await;
+    let (_, _, message) = node_loss(&status).unwrap();
+    assert!(
+        message.contains(&lost_pod) && message.contains("live member of its consumer group"),
+        "{message}"
+    );
+    // Its output flows meanwhile: records are processed exactly once by all three pods.
+    let mut sent = Sent::new();
+    sent.produce(&s, 2000, 0.3, 0);
+    s.assert_exactly_once(&sent);
+    assert_eq!(
+        uid_and_node(&s, &lost_pod).await,
+        (uid.clone(), node.clone())
+    );
+
+    testbed::node::fault("heal", number, &[]);
+    s.wait_for_status("NodeLoss false again", Duration::from_secs(120), |st| {
+        node_loss(st).is_some_and(|(status, _, _)| status == "False")
+    })
+    .await;
+    assert_eq!(uid_and_node(&s, &lost_pod).await, (uid, node));
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_node_frozen_past_the_session_timeout_is_fenced_when_it_thaws_and_nothing_is_doubled() {
+    let s = Scenario::start("nodefreeze", 6).await;
+    testbed::node::require_ready_nodes(&s.client, NODES).await;
+    s.apply(&three_pods_with_standbys(&s));
+    s.wait_ready(READY_TIMEOUT).await;
+    s.wait_for_status(
+        "every partition with a standby",
+        Duration::from_secs(120),
+        |st| st.standby_coverage.as_deref() == Some("6/6"),
+    )
+    .await;
+    let mut sent = Sent::new();
+    sent.produce(&s, 2000, 0.3, 0);
+    s.wait_processed();
+    let frozen_pod = pod_name(0);
+    let (uid, node) = uid_and_node(&s, &frozen_pod).await;
+    let number = testbed::node::number(&node).expect("a real node");
+
+    // Every process of the node stops mid-stream, for longer than the session timeout (10 s)
+    // and the transaction timeout (10 s), and less than it takes the node to turn NotReady:
+    // the others take its partitions over while it cannot know.
+    testbed::node::fault("freeze", number, &[]);
+    sent.produce(&s, 2000, 0.3, 0);
+    s.wait_processed();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    testbed::node::fault("thaw", number, &[]);
+
+    // The zombie wakes with a stale generation and an aborted transaction: Kafka refuses what
+    // it would commit, it rejoins, and the app settles with the same three pods.
+    sent.produce(&s, 2000, 0.3, 0);
+    s.assert_exactly_once(&sent);
+    s.wait_ready(READY_TIMEOUT).await;
+    assert_eq!(uid_and_node(&s, &frozen_pod).await, (uid.clone(), node));
+    let status = s
+        .wait_for_status("a report from every pod", Duration::from_secs(60), |st| {
+            st.pods.len() == 3 && st.ready.as_deref() == Some("3/3")
+        })
+        .await;
+    let report = status.pods.iter().find(|p| p.name == frozen_pod).unwrap();
+    assert_eq!(report.uid.as_deref(), Some(uid.as_str()), "{report:?}");
+    // Settled: one more batch goes through without a further move.
+    sent.produce(&s, 1000, 0.3, 0);
+    s.assert_exactly_once(&sent);
+    s.finish().await;
+}
