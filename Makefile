@@ -114,9 +114,12 @@ test-run:
 
 # The tests that need three real nodes (e2e/tests/nodes), against services that are already up
 # with three nodes (`make up NODE_COUNT=3`).
+# (--workspace: the features of the dependencies stay those of every other build, so nothing
+# is rebuilt but the test.)
+NODES_TEST := $(CARGO_FLAGS) --features streamapp-e2e/three-nodes --test nodes
 test-nodes: build
-	$(CARGO) test --release --locked -p streamapp-e2e --features three-nodes --test nodes --no-run
-	dev/net.sh exec $(CARGO) test --release --locked --offline -p streamapp-e2e --features three-nodes --test nodes
+	$(CARGO) test $(NODES_TEST) --no-run
+	dev/net.sh exec $(CARGO) test $(NODES_TEST) --offline
 
 # The processor benchmark (processor/benches/dedup_vs_copy.rs) against the broker of `make up`:
 # the dedup topology next to a plain transactional copy, figures and ratios; asserts nothing.
