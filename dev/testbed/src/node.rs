@@ -85,6 +85,20 @@ pub async fn require_ready_nodes(client: &Client, count: usize) {
     );
 }
 
+/// Waits up to `timeout` for at least `count` real nodes, every one Ready (a node a test
+/// restarted takes a moment); then [`require_ready_nodes`].
+pub async fn wait_for_ready_nodes(client: &Client, count: usize, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        let nodes = real_nodes(client).await;
+        if nodes.len() >= count && nodes.iter().all(|(_, ready)| *ready) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    require_ready_nodes(client, count).await;
+}
+
 /// Panics, naming the service, unless the test bed's real node(s) are registered and Ready.
 pub async fn require_ready(client: &Client) {
     require_ready_nodes(client, 1).await;
@@ -115,6 +129,44 @@ pub fn fault(verb: &str, node: u32, extra: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A node fault, undone when dropped unless [`NodeFault::undo`] did it: a failing test leaves
+/// the node as it found it for the next one.
+#[must_use = "dropping the fault undoes it at once"]
+pub struct NodeFault {
+    node: u32,
+    undo: &'static str,
+    pending: bool,
+}
+
+impl NodeFault {
+    /// `dev/node.sh VERB NODE EXTRA...` now; `dev/node.sh UNDO NODE` at [`NodeFault::undo`] or
+    /// drop (`kill` → `restart`, `freeze` → `thaw`, `partition` → `heal`).
+    pub fn inject(verb: &str, node: u32, extra: &[&str], undo: &'static str) -> NodeFault {
+        fault(verb, node, extra);
+        NodeFault {
+            node,
+            undo,
+            pending: true,
+        }
+    }
+
+    pub fn undo(mut self) {
+        self.pending = false;
+        fault(self.undo, self.node, &[]);
+    }
+}
+
+impl Drop for NodeFault {
+    fn drop(&mut self) {
+        if self.pending {
+            let _ = Command::new(crate::dev_dir().join("node.sh"))
+                .arg(self.undo)
+                .arg(self.node.to_string())
+                .output();
+        }
+    }
 }
 
 /// The containerd id of a pod's container, from the pod's status.

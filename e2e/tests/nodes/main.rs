@@ -1,16 +1,29 @@
 //! StreamApps on three real nodes (`make up NODE_COUNT=3`, or `make test-nodes`): where pods and
 //! standbys go, and what a lost node costs. A node is lost the way a machine is: dev/node.sh
 //! kills every process of it at once and takes its link down; nothing is emulated, the control
-//! plane and Kafka find out on their own.
+//! plane and Kafka find out on their own. The tests take turns ([`scenario`]): each breaks a
+//! node the others would run on.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use streamapp_api::crd::StreamAppStatus;
 use streamapp_api::status_values::TaskState;
-use streamapp_e2e::{READY_TIMEOUT, Scenario, Sent, pod_name};
+use streamapp_e2e::{READY_TIMEOUT, Scenario, Sent};
+use testbed::node::NodeFault;
 
 const NODES: usize = 3;
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// This test's turn (held until it ends), once every node is Ready again after the last one's
+/// fault, and its scenario with an input of six partitions.
+async fn scenario(prefix: &str) -> (tokio::sync::MutexGuard<'static, ()>, Scenario) {
+    let turn = SERIAL.lock().await;
+    let client = testbed::kube::client().await;
+    testbed::node::wait_for_ready_nodes(&client, NODES, Duration::from_secs(180)).await;
+    (turn, Scenario::start(prefix, 6).await)
+}
 
 /// An app of three pods with one standby copy of each of its six partitions.
 fn three_pods_with_standbys(s: &Scenario) -> serde_yaml::Value {
@@ -51,8 +64,7 @@ fn holders(status: &StreamAppStatus) -> BTreeMap<i32, (Vec<String>, Vec<String>)
 
 #[tokio::test]
 async fn three_pods_go_to_three_nodes_and_each_standby_to_another_node_than_its_active() {
-    let s = Scenario::start("spread", 6).await;
-    testbed::node::require_ready_nodes(&s.client, NODES).await;
+    let (_turn, s) = scenario("spread").await;
     s.apply(&three_pods_with_standbys(&s));
     s.wait_ready(READY_TIMEOUT).await;
 
@@ -106,13 +118,47 @@ async fn uid_and_node(s: &Scenario, pod: &str) -> (String, String) {
     )
 }
 
+/// A pod of the app whose node does not run the operator (a fault on the operator's node would
+/// stop the operator too, until Kubernetes evicts it after 300 s), with its UID, its node and
+/// that node's number.
+async fn pod_away_from_the_operator(s: &Scenario) -> (String, String, String, u32) {
+    let pods = s.pods().await;
+    let nodes = nodes_of_pods(s).await;
+    let operator =
+        kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(s.client.clone(), &s.namespace)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&s.release))
+            })
+            .and_then(|p| p.spec?.node_name)
+            .expect("the operator's pod is scheduled");
+    let (pod, node) = nodes
+        .into_iter()
+        .find(|(_, node)| *node != operator)
+        .expect("an app pod on another node than the operator's");
+    let uid = pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(pod.as_str()))
+        .and_then(|p| p.metadata.uid.clone())
+        .unwrap();
+    let number = testbed::node::number(&node).expect("a real node");
+    (pod, uid, node, number)
+}
+
 /// Starts the app (three pods, standbys, `spec.nodeLoss` as given), processes a first batch
-/// and kills the node of pod 0. Returns what was sent, the lost pod's UID, the lost node's
-/// name and number, and when it was lost.
-async fn lose_the_node_of_pod_0(
+/// and kills the node of one pod (not the operator's). Returns what was sent, the lost pod and
+/// its UID, the lost node and the fault (restart it to undo), and when it was lost.
+async fn lose_a_node(
     s: &Scenario,
     node_loss: serde_yaml::Value,
-) -> (Sent, String, String, u32, Instant) {
+) -> (Sent, String, String, String, NodeFault, Instant) {
     let mut app = three_pods_with_standbys(s);
     app["spec"]["nodeLoss"] = node_loss;
     s.apply(&app);
@@ -126,20 +172,17 @@ async fn lose_the_node_of_pod_0(
     let mut sent = Sent::new();
     sent.produce(s, 2000, 0.3, 0);
     s.wait_processed();
-    let (uid, node) = uid_and_node(s, &pod_name(0)).await;
-    let number = testbed::node::number(&node).expect("a real node");
+    let (pod, uid, node, number) = pod_away_from_the_operator(s).await;
     let lost_at = Instant::now();
-    testbed::node::fault("kill", number, &[]);
-    (sent, uid, node, number, lost_at)
+    let fault = NodeFault::inject("kill", number, &[], "restart");
+    (sent, pod, uid, node, fault, lost_at)
 }
 
 #[tokio::test]
 async fn a_node_lost_under_load_fails_over_to_standbys_and_its_pod_is_replaced_on_another_node() {
-    let s = Scenario::start("nodeloss", 6).await;
-    testbed::node::require_ready_nodes(&s.client, NODES).await;
-    let (mut sent, uid, lost_node, number, lost_at) =
-        lose_the_node_of_pod_0(&s, serde_yaml::from_str("after: 10s").unwrap()).await;
-    let lost_pod = pod_name(0);
+    let (_turn, s) = scenario("nodeloss").await;
+    let (mut sent, lost_pod, uid, lost_node, fault, lost_at) =
+        lose_a_node(&s, serde_yaml::from_str("after: 10s").unwrap()).await;
 
     // Records keep coming. The lost pod's group membership times out and its partitions go to
     // their standbys on the other nodes; its open transaction times out.
@@ -179,7 +222,7 @@ async fn a_node_lost_under_load_fails_over_to_standbys_and_its_pod_is_replaced_o
     s.assert_exactly_once(&sent);
 
     // The node boots again: it finds its pod gone and runs nothing of the app.
-    testbed::node::fault("restart", number, &[]);
+    fault.undo();
     s.wait_ready(READY_TIMEOUT).await;
     let nodes = nodes_of_pods(&s).await;
     assert_eq!(
@@ -194,14 +237,12 @@ async fn a_node_lost_under_load_fails_over_to_standbys_and_its_pod_is_replaced_o
 #[tokio::test]
 async fn with_wait_the_pod_of_a_lost_node_is_left_to_an_administrator_and_comes_back_with_the_node()
 {
-    let s = Scenario::start("nodewait", 6).await;
-    testbed::node::require_ready_nodes(&s.client, NODES).await;
-    let (mut sent, uid, lost_node, number, _) = lose_the_node_of_pod_0(
+    let (_turn, s) = scenario("nodewait").await;
+    let (mut sent, lost_pod, uid, lost_node, fault, _) = lose_a_node(
         &s,
         serde_yaml::from_str("{action: Wait, after: 10s}").unwrap(),
     )
     .await;
-    let lost_pod = pod_name(0);
     sent.produce(&s, 1000, 0.3, 0);
     s.assert_exactly_once(&sent);
 
@@ -226,7 +267,7 @@ async fn with_wait_the_pod_of_a_lost_node_is_left_to_an_administrator_and_comes_
     );
 
     // The node comes back: the same pod runs again on it, on its own volume.
-    testbed::node::fault("restart", number, &[]);
+    fault.undo();
     s.wait_ready(READY_TIMEOUT).await;
     assert_eq!(uid_and_node(&s, &lost_pod).await, (uid, lost_node));
     s.wait_for_status("NodeLoss false again", Duration::from_secs(60), |st| {
@@ -240,17 +281,14 @@ async fn with_wait_the_pod_of_a_lost_node_is_left_to_an_administrator_and_comes_
 
 #[tokio::test]
 async fn a_node_that_lost_only_the_api_server_keeps_its_pod_because_its_output_flows() {
-    let s = Scenario::start("nodepartition", 6).await;
-    testbed::node::require_ready_nodes(&s.client, NODES).await;
+    let (_turn, s) = scenario("nodepartition").await;
     let mut app = three_pods_with_standbys(&s);
     app["spec"]["nodeLoss"] = serde_yaml::from_str("after: 10s").unwrap();
     s.apply(&app);
     s.wait_ready(READY_TIMEOUT).await;
-    let lost_pod = pod_name(0);
-    let (uid, node) = uid_and_node(&s, &lost_pod).await;
-    let number = testbed::node::number(&node).expect("a real node");
+    let (lost_pod, uid, node, number) = pod_away_from_the_operator(&s).await;
 
-    testbed::node::fault("partition", number, &[]);
+    let fault = NodeFault::inject("partition", number, &[], "heal");
     let status = s
         .wait_for_status(
             "NodeLoss: the pod is held as a live group member",
@@ -275,7 +313,7 @@ async fn a_node_that_lost_only_the_api_server_keeps_its_pod_because_its_output_f
         (uid.clone(), node.clone())
     );
 
-    testbed::node::fault("heal", number, &[]);
+    fault.undo();
     s.wait_for_status("NodeLoss false again", Duration::from_secs(120), |st| {
         node_loss(st).is_some_and(|(status, _, _)| status == "False")
     })
@@ -286,8 +324,7 @@ async fn a_node_that_lost_only_the_api_server_keeps_its_pod_because_its_output_f
 
 #[tokio::test]
 async fn a_node_frozen_past_the_session_timeout_is_fenced_when_it_thaws_and_nothing_is_doubled() {
-    let s = Scenario::start("nodefreeze", 6).await;
-    testbed::node::require_ready_nodes(&s.client, NODES).await;
+    let (_turn, s) = scenario("nodefreeze").await;
     s.apply(&three_pods_with_standbys(&s));
     s.wait_ready(READY_TIMEOUT).await;
     s.wait_for_status(
@@ -299,18 +336,16 @@ async fn a_node_frozen_past_the_session_timeout_is_fenced_when_it_thaws_and_noth
     let mut sent = Sent::new();
     sent.produce(&s, 2000, 0.3, 0);
     s.wait_processed();
-    let frozen_pod = pod_name(0);
-    let (uid, node) = uid_and_node(&s, &frozen_pod).await;
-    let number = testbed::node::number(&node).expect("a real node");
+    let (frozen_pod, uid, node, number) = pod_away_from_the_operator(&s).await;
 
     // Every process of the node stops mid-stream, for longer than the session timeout (10 s)
     // and the transaction timeout (10 s), and less than it takes the node to turn NotReady:
     // the others take its partitions over while it cannot know.
-    testbed::node::fault("freeze", number, &[]);
+    let fault = NodeFault::inject("freeze", number, &[], "thaw");
     sent.produce(&s, 2000, 0.3, 0);
     s.wait_processed();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    testbed::node::fault("thaw", number, &[]);
+    fault.undo();
 
     // The zombie wakes with a stale generation and an aborted transaction: Kafka refuses what
     // it would commit, it rejoins, and the app settles with the same three pods.
