@@ -76,13 +76,7 @@ async fn three_pods_go_to_three_nodes_and_each_standby_to_another_node_than_its_
         "{nodes:?}"
     );
 
-    let status = s
-        .wait_for_status(
-            "every partition with a standby",
-            Duration::from_secs(120),
-            |st| st.standby_coverage.as_deref() == Some("6/6"),
-        )
-        .await;
+    let status = wait_for_every_standby(&s).await;
     let holders = holders(&status);
     assert_eq!(holders.len(), 6, "{holders:?}");
     for (partition, (active, standbys)) in &holders {
@@ -98,6 +92,26 @@ async fn three_pods_go_to_three_nodes_and_each_standby_to_another_node_than_its_
     sent.produce(&s, 2000, 0.3, 3);
     s.assert_exactly_once(&sent);
     s.finish().await;
+}
+
+/// Waits until each of the six partitions has a caught-up standby.
+async fn wait_for_every_standby(s: &Scenario) -> StreamAppStatus {
+    s.wait_for_status(
+        "every partition with a standby",
+        Duration::from_secs(120),
+        |st| st.standby_coverage.as_deref() == Some("6/6"),
+    )
+    .await
+}
+
+/// Waits until the `NodeLoss` condition says a pod is held; returns its message.
+async fn wait_until_held(s: &Scenario, what: &str) -> String {
+    let status = s
+        .wait_for_status(what, Duration::from_secs(180), |st| {
+            node_loss(st).is_some_and(|(status, reason, _)| status == "True" && reason == "Held")
+        })
+        .await;
+    node_loss(&status).unwrap().2
 }
 
 /// The condition the operator keeps about pods of lost nodes: status, reason, message.
@@ -163,12 +177,7 @@ async fn lose_a_node(
     app["spec"]["nodeLoss"] = node_loss;
     s.apply(&app);
     s.wait_ready(READY_TIMEOUT).await;
-    s.wait_for_status(
-        "every partition with a standby",
-        Duration::from_secs(120),
-        |st| st.standby_coverage.as_deref() == Some("6/6"),
-    )
-    .await;
+    wait_for_every_standby(s).await;
     let mut sent = Sent::new();
     sent.produce(s, 2000, 0.3, 0);
     s.wait_processed();
@@ -246,17 +255,7 @@ async fn with_wait_the_pod_of_a_lost_node_is_left_to_an_administrator_and_comes_
     sent.produce(&s, 1000, 0.3, 0);
     s.assert_exactly_once(&sent);
 
-    let status = s
-        .wait_for_status(
-            "NodeLoss: the pod is held",
-            Duration::from_secs(180),
-            |st| {
-                node_loss(st)
-                    .is_some_and(|(status, reason, _)| status == "True" && reason == "Held")
-            },
-        )
-        .await;
-    let (_, _, message) = node_loss(&status).unwrap();
+    let message = wait_until_held(&s, "NodeLoss: the pod is held").await;
     assert!(
         message.contains("spec.nodeLoss.action is Wait") && message.contains(&lost_pod),
         "{message}"
@@ -289,17 +288,7 @@ async fn a_node_that_lost_only_the_api_server_keeps_its_pod_because_its_output_f
     let (lost_pod, uid, node, number) = pod_away_from_the_operator(&s).await;
 
     let fault = NodeFault::inject("partition", number, &[], "heal");
-    let status = s
-        .wait_for_status(
-            "NodeLoss: the pod is held as a live group member",
-            Duration::from_secs(180),
-            |st| {
-                node_loss(st)
-                    .is_some_and(|(status, reason, _)| status == "True" && reason == "Held")
-            },
-        )
-        .await;
-    let (_, _, message) = node_loss(&status).unwrap();
+    let message = wait_until_held(&s, "NodeLoss: the pod is held as a live group member").await;
     assert!(
         message.contains(&lost_pod) && message.contains("live member of its consumer group"),
         "{message}"
@@ -327,12 +316,7 @@ async fn a_node_frozen_past_the_session_timeout_is_fenced_when_it_thaws_and_noth
     let (_turn, s) = scenario("nodefreeze").await;
     s.apply(&three_pods_with_standbys(&s));
     s.wait_ready(READY_TIMEOUT).await;
-    s.wait_for_status(
-        "every partition with a standby",
-        Duration::from_secs(120),
-        |st| st.standby_coverage.as_deref() == Some("6/6"),
-    )
-    .await;
+    wait_for_every_standby(&s).await;
     let mut sent = Sent::new();
     sent.produce(&s, 2000, 0.3, 0);
     s.wait_processed();

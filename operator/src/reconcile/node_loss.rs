@@ -41,8 +41,22 @@ pub(super) async fn run(
         .await
         .map_err(Error::kube("listing the nodes"))?
         .items;
+    let nodes_by_name: BTreeMap<String, node_loss::Node> =
+        nodes.iter().filter_map(node_of).collect();
+    // Where volumes live matters only for pods of nodes that are not Ready (or gone): the
+    // PersistentVolumes are read only then, not on every reconcile.
+    let any_node_down = pods.iter().any(|p| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_none_or(|n| {
+                nodes_by_name
+                    .get(n)
+                    .is_none_or(|n| !n.ready || n.out_of_service)
+            })
+    });
     let mut volumes = BTreeMap::new();
-    for claim in claims {
+    for claim in claims.iter().filter(|_| any_node_down) {
         let Some(volume) = claim.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
             continue;
         };
@@ -54,7 +68,7 @@ pub(super) async fn run(
     }
     let observed = node_loss::Observed {
         pods: pods.iter().map(|p| pod_of(p, &volumes)).collect(),
-        nodes: nodes.iter().filter_map(node_of).collect(),
+        nodes: nodes_by_name,
         live_members: seen
             .and_then(|s| s.static_members.as_ref().ok())
             .map(|members| {
