@@ -481,10 +481,17 @@ const LEADING_AGAIN_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Waits until the broker lists every topic (the internal ones too) with its partitions, each
 /// with a leader: serving again after a restart or a freeze.
+///
+/// Each attempt asks through a client of its own. A broker thawed after its controller session
+/// expired is fenced for a moment, and a metadata response then lists no broker at all;
+/// librdkafka drops every broker such a response leaves out, the bootstrap one included, and
+/// bootstraps again only after `metadata.recovery.rebootstrap.trigger.ms` (5 min): one
+/// long-lived probe stayed without a connection ("Broker transport failure") for the whole
+/// wait in a CI run, though the broker served again.
 fn wait_until_leading(who: &str) {
-    let probe: BaseConsumer = client_config().create().expect("creating a consumer");
     let deadline = std::time::Instant::now() + LEADING_AGAIN_TIMEOUT;
     loop {
+        let probe: BaseConsumer = client_config().create().expect("creating a consumer");
         let unled = unled_partitions(&probe);
         if unled.as_ref().is_ok_and(Vec::is_empty) {
             return;
