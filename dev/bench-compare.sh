@@ -6,6 +6,7 @@
 # running (and stops it again at the end); prints
 # the table; writes vs-kafka-streams.{txt,csv,png} into $BENCH_RESULTS (default bench/results).
 # `dev/bench-compare.sh prepare` only installs: Kafka's jars, the peer, the chart's virtualenv.
+# BENCH_PIN=1 pins each system to a core of its own (see below).
 # Smaller runs: BENCH_RECORDS, BENCH_RUNS, BENCH_RECOVERY_KEYS, BENCH_LATENCY_SECONDS and the
 # other knobs in the doc comment of processor/benches/vs_kafka_streams/main.rs; `make test` runs
 # a small one (dev/bench-compare-smoke.sh) for its exactly-once checks.
@@ -37,10 +38,32 @@ fi
 # `prepare`: only what the comparison installs (`make setup` does it beside the rest).
 [[ ${1:-} == prepare ]] && exit 0
 
+started_kafka=false
+pinned_broker=""
+cleanup() {
+  [[ -n $pinned_broker ]] && taskset -a -p -c "0-$(($(nproc) - 1))" "$pinned_broker" >/dev/null 2>&1
+  $started_kafka && "$DEV_DIR/kafka.sh" stop
+  return 0
+}
+trap cleanup EXIT
 if ! "$DEV_DIR/kafka.sh" status | grep -q "kafka running"; then
   "$DEV_DIR/net.sh" start
   "$DEV_DIR/kafka.sh" start
-  trap '"$DEV_DIR/kafka.sh" stop' EXIT
+  started_kafka=true
+fi
+
+# BENCH_PIN=1: each system under test on the last CPU, the broker and this driver on the others,
+# so that "per core" means one core and the broker's work does not compete with the system's
+# (the broker's affinity is given back at the end). Unpinned (the default), they share them all.
+pin=()
+if [[ ${BENCH_PIN:-0} == 1 ]]; then
+  last=$(($(nproc) - 1))
+  ((last >= 1)) || die "BENCH_PIN=1 needs at least 2 CPUs"
+  pinned_broker=$(cat "$STREAMAPP_RUN/kafka/kafka.pid")
+  taskset -a -p -c "0-$((last - 1))" "$pinned_broker" >/dev/null ||
+    die "could not pin the broker (pid $pinned_broker) with taskset"
+  export BENCH_SYSTEM_CPU=$last
+  pin=(taskset -c "0-$((last - 1))")
 fi
 export STREAMAPP_KAFKA_BOOTSTRAP="${STREAMAPP_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}"
 export BENCH_CSV="$results/vs-kafka-streams.csv"
@@ -48,7 +71,7 @@ export BENCH_CSV="$results/vs-kafka-streams.csv"
 cargo bench --locked -p streamapp-processor --bench vs_kafka_streams --no-run
 log "running the comparison (at full size, 5M records and 3 runs, about two hours on 2 cores)"
 # Inside the test bed's network namespace, where the broker is (no relay in the data path).
-in_testbed cargo bench --locked --offline -p streamapp-processor --bench vs_kafka_streams 2>&1 |
+in_testbed "${pin[@]}" cargo bench --locked --offline -p streamapp-processor --bench vs_kafka_streams 2>&1 |
   tee "$results/vs-kafka-streams.txt"
 status=${PIPESTATUS[0]}
 ((status == 0)) || die "the comparison failed (exit $status); its output: $results/vs-kafka-streams.txt"

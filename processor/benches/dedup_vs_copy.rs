@@ -28,13 +28,14 @@ mod common;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use common::copy::{start_copy, stop_and_report};
+use common::reference::copy::start_copy;
+use common::reference::stop_and_report;
 use common::*;
 use testbed::kafka::{self, Isolation};
 
 fn main() -> ExitCode {
-    if let Some(args) = copy::is_copy_child() {
-        copy::run(&args);
+    if let Some((reference, args)) = reference::child() {
+        reference::run_child(reference, &args);
         return ExitCode::SUCCESS;
     }
     let settings = Settings::from_env();

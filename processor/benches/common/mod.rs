@@ -3,7 +3,7 @@
 //! `vs_kafka_streams` each use part of it, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
-pub mod copy;
+pub mod reference;
 mod system;
 mod workload;
 
@@ -227,7 +227,7 @@ impl DedupApp {
         // BENCH_PROCESSOR_BIN: another build of the processor (a copy, so that rebuilding
         // the workspace during a long run does not change the binary mid-run).
         let bin = std::env::var("BENCH_PROCESSOR_BIN").unwrap_or_else(|_| PROCESSOR_BIN.into());
-        let child = Command::new(bin)
+        let child = system_command(bin)
             .arg("run")
             .env("STREAMAPP_CONFIG", self.dir.join("processor.yaml"))
             .env("POD_NAME", instance)
@@ -592,6 +592,27 @@ pub fn cpu_seconds(pid: u32) -> f64 {
         .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
         .sum();
     ticks as f64 / clock_ticks_per_second()
+}
+
+/// The CPU each system under test is pinned to (`BENCH_SYSTEM_CPU`; `make bench-compare` with
+/// `BENCH_PIN=1` sets it and puts the broker and this driver on the other cores), if any.
+pub fn system_cpu() -> Option<String> {
+    std::env::var("BENCH_SYSTEM_CPU")
+        .ok()
+        .filter(|cpu| !cpu.is_empty())
+}
+
+/// The command that starts a system under test: on its own CPU when [`system_cpu`] says so
+/// (`taskset` execs the program, so the child's pid, CPU time and memory are the system's).
+pub fn system_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    match system_cpu() {
+        Some(cpu) => {
+            let mut command = Command::new("taskset");
+            command.arg("-c").arg(cpu).arg(program);
+            command
+        }
+        None => Command::new(program),
+    }
 }
 
 fn clock_ticks_per_second() -> f64 {

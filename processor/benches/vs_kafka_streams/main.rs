@@ -1,6 +1,6 @@
 //! Benchmark: streamapp-processor next to Kafka Streams 4.4 running the same dedup topology
-//! (bench/kafka-streams), at its defaults and at its best reasonable configuration, with a plain
-//! transactional copy as the ceiling — one after the other, on the same local broker, with the
+//! (bench/kafka-streams), at its defaults and at its best reasonable configuration, with the
+//! topology's Kafka work alone (the skeleton) as the floor — one after the other, on the same local broker, with the
 //! same input, measured in a steady state.
 //!
 //! Run it with `make bench-compare`, which installs what it needs (Kafka, the Java peer through
@@ -11,8 +11,12 @@
 //! membership as a StatefulSet pod has):
 //! - `streamapp`: the real `streamapp-processor` binary, default RocksDB profile, id from the
 //!   JSON value (`dedupId.source: JsonPointer`), `topology.repartition: Auto`;
+//! - `skeleton`: the dedup topology's Kafka work alone — the same topics, consumes, produces,
+//!   headers and transactions as `streamapp`, the id found in the JSON value the same way, an
+//!   in-memory set instead of the store (`common/reference/skeleton.rs`): the floor of this
+//!   topology on this broker; what `streamapp` spends beyond it is its store and its engine;
 //! - `copy`: a plain transactional copy (consume → produce, the processor's client settings,
-//!   no store): the ceiling any dedup on this broker stays under;
+//!   no store): one consume and one produce per record, a reference row;
 //! - `ks-defaults`: Kafka Streams as the topology is written, every setting at the library's
 //!   default (its producer lingers 100 ms under EOS; a store builder's store is not cached), a
 //!   persistent window store with a range fetch per record;
@@ -89,8 +93,11 @@
 //! `recovery`, `failover`, `scaling`; the table shows – for what was not run), `BENCH_PEERS` (e.g.
 //! `streamapp,ks-window`) only some systems. `BENCH_THREADS` (default 1) runs each system with
 //! that many processing threads in the throughput, latency and recovery phases (the processor's
-//! `processingThreads`, Kafka Streams' `num.stream.threads`; the copy has one); failover and
-//! scaling keep one per process.
+//! `processingThreads`, Kafka Streams' `num.stream.threads`; the skeleton and the copy have
+//! one); failover and scaling keep one per process.
+//!
+//! `BENCH_SYSTEM_CPU` pins every system under test to that CPU (`taskset`); `make bench-compare`
+//! with `BENCH_PIN=1` sets it to the last CPU and puts the broker and this driver on the others.
 //!
 //! Other knobs: `BENCH_JAVA`, `BENCH_JAVA_OPTS` (default `-Xmx1g`), `BENCH_KEEP_WORK` (keep logs
 //! and state directories), `BENCH_PROCESSOR_LOG` and `BENCH_SYSTEM_PROPS` (see common/).
@@ -123,8 +130,8 @@ use testbed::kafka;
 const MAX_RECORDS_PER_RETENTION: f64 = 100_000.0;
 
 fn main() -> ExitCode {
-    if let Some(args) = copy::is_copy_child() {
-        copy::run(&args);
+    if let Some((reference, args)) = reference::child() {
+        reference::run_child(reference, &args);
         return ExitCode::SUCCESS;
     }
     let settings = Settings::from_env();
@@ -318,10 +325,16 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         kafka::bootstrap()
     );
     println!(
-        "machine: {} cores; load average at start: {}; JVM options: {}",
+        "machine: {} cores; load average at start: {}; JVM options: {}; {}",
         cores(),
         loadavg(),
-        settings.java_opts.join(" ")
+        settings.java_opts.join(" "),
+        match system_cpu() {
+            Some(cpu) => format!(
+                "pinned: each system on CPU {cpu}, the broker and this driver on the others"
+            ),
+            None => "not pinned: systems, broker and driver share every core".into(),
+        }
     );
     for p in Peer::ALL {
         println!("  {:<14} {}", p.name(), p.describe());

@@ -162,6 +162,25 @@ impl Table {
         println!();
     }
 
+    /// streamapp next to the skeleton, the topology's Kafka work alone: what the store and the
+    /// engine cost on top of the floor.
+    fn print_against_skeleton(&self) {
+        let both = |metric: &str| {
+            let row = self.find(metric)?;
+            Some((row.get(Peer::Streamapp)?, row.get(Peer::Skeleton)?))
+        };
+        if let (Some((ours_rate, floor_rate)), Some((ours_cpu, floor_cpu))) =
+            (both("throughput ("), both("CPU per 1M"))
+        {
+            println!(
+                "against the skeleton (the topology's Kafka work alone): throughput {:.0}% of its, CPU per 1M records {:.2}x its ({:.2} CPU s per 1M beyond it: the store and the engine)",
+                100.0 * ours_rate / floor_rate,
+                ours_cpu / floor_cpu,
+                ours_cpu - floor_cpu
+            );
+        }
+    }
+
     /// The goals of issue 15, each said met or not (figures, never asserted).
     fn print_goals(&self, latency_percent: u64) {
         let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
@@ -194,6 +213,7 @@ impl Table {
                 verdict(share >= 0.8)
             );
         }
+        self.print_against_skeleton();
         if let Some(p99) = self
             .find("latency p99")
             .and_then(|r| r.get(Peer::Streamapp))

@@ -2,7 +2,6 @@
 //! how it is started and how its output is checked.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use rdkafka::consumer::BaseConsumer;
 use testbed::kafka::{self, Isolation};
@@ -20,7 +19,9 @@ const KS_TUNED_BATCH_BYTES: u32 = 1_000_000;
 pub enum Peer {
     /// The real `streamapp-processor` binary, default RocksDB profile.
     Streamapp,
-    /// The ceiling: a plain transactional copy, no dedup, no store.
+    /// The floor of the topology: its Kafka work alone, no store.
+    Skeleton,
+    /// A plain transactional copy, no dedup, no store (a reference row).
     Copy,
     /// Kafka Streams as the topology is written, every setting at the library's default (the
     /// producer lingers 100 ms under EOS, the store is not cached), a window store.
@@ -35,9 +36,10 @@ pub enum Peer {
 }
 
 impl Peer {
-    /// Throughput: every system, the copy as the ceiling.
-    pub const MEASURED: [Peer; 5] = [
+    /// Throughput: every system, the skeleton and the copy as references.
+    pub const MEASURED: [Peer; 6] = [
         Peer::Streamapp,
+        Peer::Skeleton,
         Peer::Copy,
         Peer::KsDefaults,
         Peer::KsWindow,
@@ -55,8 +57,9 @@ impl Peer {
     /// Failover to a standby (and without one): two instances each.
     pub const FAILED_OVER: [Peer; 2] = [Peer::Streamapp, Peer::KsWindow];
     /// Every column of the table and the CSV.
-    pub const ALL: [Peer; 6] = [
+    pub const ALL: [Peer; 7] = [
         Peer::Streamapp,
+        Peer::Skeleton,
         Peer::Copy,
         Peer::KsDefaults,
         Peer::KsWindow,
@@ -67,6 +70,7 @@ impl Peer {
     pub fn name(self) -> &'static str {
         match self {
             Peer::Streamapp => "streamapp",
+            Peer::Skeleton => "skeleton",
             Peer::Copy => "copy",
             Peer::KsDefaults => "ks-defaults",
             Peer::KsWindow => "ks-window",
@@ -81,13 +85,16 @@ impl Peer {
     }
 
     pub fn is_kafka_streams(self) -> bool {
-        !matches!(self, Peer::Streamapp | Peer::Copy)
+        !matches!(self, Peer::Streamapp | Peer::Skeleton | Peer::Copy)
     }
 
     pub fn describe(self) -> &'static str {
         match self {
             Peer::Streamapp => "streamapp-processor, default RocksDB profile",
-            Peer::Copy => "plain transactional copy, no store (the ceiling)",
+            Peer::Skeleton => {
+                "the topology's Kafka work alone, a set of id hashes for the store (the floor)"
+            }
+            Peer::Copy => "plain transactional copy, no store",
             Peer::KsDefaults => "Kafka Streams, library defaults, window store",
             Peer::KsWindow => "Kafka Streams tuned, window store (range fetch)",
             Peer::KsKeyValue => "Kafka Streams tuned, key-value store (point lookup)",
@@ -107,7 +114,7 @@ impl Peer {
             Peer::KsWindow => ("window", &tuned[..], false),
             Peer::KsKeyValue => ("kv", &tuned[..], false),
             Peer::KsWindowTxn => ("window", &tuned[..], true),
-            Peer::Streamapp | Peer::Copy => unreachable!("not Kafka Streams"),
+            Peer::Streamapp | Peer::Skeleton | Peer::Copy => unreachable!("not Kafka Streams"),
         };
         let mut args = vec![
             format!("store={store}"),
@@ -127,6 +134,8 @@ pub struct App {
     pub duplicates: String,
     pub repartition: Option<String>,
     pub retention: std::time::Duration,
+    /// The input's partitions (and the internal topics').
+    partitions: i32,
     /// `num.standby.replicas` of a Kafka Streams peer (the processor's is in its configuration).
     standby_replicas: u32,
     /// `num.stream.threads` of a Kafka Streams peer (the processor's `processingThreads` is in
@@ -164,6 +173,7 @@ impl App {
             duplicates: format!("{id}-dups"),
             repartition: None,
             retention: options.retention,
+            partitions: options.partitions,
             standby_replicas: options.standby_replicas,
             stream_threads: options.processing_threads,
             group_properties: options.group_properties(),
@@ -178,6 +188,17 @@ impl App {
                 app.duplicates = processor.duplicates.clone();
                 app.repartition = processor.repartition.clone();
                 app.processor = Some(processor);
+            }
+            Peer::Skeleton => {
+                let changelog = format!("{id}-dedup-changelog");
+                let mut names = vec![app.output.clone(), app.duplicates.clone(), changelog];
+                if options.repartition {
+                    let internal = format!("{id}-dedup-repartition");
+                    names.push(internal.clone());
+                    app.repartition = Some(internal);
+                }
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                topics.create_with(&names, options.partitions);
             }
             Peer::Copy => topics.create_with(&[&app.output], options.partitions),
             _ => {
@@ -206,16 +227,26 @@ impl App {
         if let Some(processor) = &self.processor {
             return processor.start_instance(instance);
         }
-        if self.peer == Peer::Copy {
-            return copy::start_copy(
-                self.dir.parent().expect("work dir"),
-                &self.id,
-                &self.input,
-                &self.output,
-            );
+        let work = self.dir.parent().expect("work dir");
+        match self.peer {
+            Peer::Copy => {
+                return reference::copy::start_copy(work, &self.id, &self.input, &self.output);
+            }
+            Peer::Skeleton => {
+                let changelog = format!("{}-dedup-changelog", self.id);
+                let topics = reference::skeleton::SkeletonTopics {
+                    repartition: self.repartition.as_deref(),
+                    partitions: self.partitions,
+                    changelog: &changelog,
+                    output: &self.output,
+                    duplicates: &self.duplicates,
+                };
+                return reference::skeleton::start_skeleton(work, &self.id, &self.input, &topics);
+            }
+            _ => {}
         }
         let dir = instance_dir(&self.dir, instance);
-        let mut command = Command::new(&settings.java);
+        let mut command = system_command(&settings.java);
         command
             .args(&settings.java_opts)
             .arg("-cp")
