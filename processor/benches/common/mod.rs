@@ -647,8 +647,19 @@ pub fn loadavg() -> String {
         .join(" ")
 }
 
+/// The machine's CPUs (what "machine busy" is a share of).
 pub fn cores() -> usize {
-    std::thread::available_parallelism().map_or(0, usize::from)
+    // The machine's, not this process's: a pinned driver (BENCH_PIN) may run on one of them.
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpus = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count();
+    if cpus > 0 {
+        cpus
+    } else {
+        std::thread::available_parallelism().map_or(0, usize::from)
+    }
 }
 
 /// How many partitions `topic` has: asked once per topic (a benchmark never changes it); a

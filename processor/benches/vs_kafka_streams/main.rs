@@ -726,6 +726,12 @@ fn table(m: &Measured, settings: &Settings) -> Table {
             throughput(|t| t.cpu_s_per_million),
         ),
         Row::new(
+            "CPU per 1M records, rest of the machine (broker, driver)",
+            "CPU s",
+            Better::Lower,
+            throughput(|t| t.others_cpu_s_per_million),
+        ),
+        Row::new(
             "throughput per core",
             "records/CPU s",
             Better::Higher,

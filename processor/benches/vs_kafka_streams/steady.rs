@@ -65,6 +65,10 @@ pub struct Throughput {
     pub peak_rss_mib: f64,
     /// Cores the whole machine kept busy during the window.
     pub machine_busy_cores: f64,
+    /// CPU the rest of the machine (the broker, mostly; this driver) spent per 1M records of
+    /// the window: machine busy minus the system's own. The broker's share is a cost of the
+    /// system too: more produces or fetches per record are more broker work.
+    pub others_cpu_s_per_million: f64,
 }
 
 /// A point of a run: when, how far, and the CPU used so far.
@@ -133,14 +137,20 @@ pub fn measure_instances(instances: &mut [System], total: u64) -> Throughput {
     let cpu = end.cpu_s - start.cpu_s;
     // A window too short to time (a tiny smoke run) gives no figure rather than a wrong one.
     let timed = records > 0.0 && seconds > 0.0;
+    let machine_busy_cores = end.machine.busy_cores_since(&start.machine);
     let fig = Throughput {
         records_per_s: if timed { records / seconds } else { f64::NAN },
         cpu_s_per_million: if timed { cpu / records * 1e6 } else { f64::NAN },
         peak_rss_mib: pids.iter().map(|&pid| peak_rss_mib(pid)).sum(),
-        machine_busy_cores: end.machine.busy_cores_since(&start.machine),
+        machine_busy_cores,
+        others_cpu_s_per_million: if timed {
+            (machine_busy_cores * seconds - cpu).max(0.0) / records * 1e6
+        } else {
+            f64::NAN
+        },
     };
     println!(
-        "  {}{}: window {}..{} of {total}: {records:.0} records in {seconds:.1} s = {:.0} records/s; {cpu:.1} CPU s = {:.2} CPU s per 1M; peak RSS {:.0} MiB; machine busy {:.2} of {} cores, load {}",
+        "  {}{}: window {}..{} of {total}: {records:.0} records in {seconds:.1} s = {:.0} records/s; {cpu:.1} CPU s = {:.2} CPU s per 1M (the rest of the machine {:.2}); peak RSS {:.0} MiB; machine busy {:.2} of {} cores, load {}",
         instances[0].name,
         if instances.len() > 1 {
             format!(" ({} processes)", instances.len())
@@ -151,6 +161,7 @@ pub fn measure_instances(instances: &mut [System], total: u64) -> Throughput {
         end.done,
         fig.records_per_s,
         fig.cpu_s_per_million,
+        fig.others_cpu_s_per_million,
         fig.peak_rss_mib,
         fig.machine_busy_cores,
         cores(),
