@@ -17,6 +17,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
+use streamapp_api::config::CLIENT_DEFAULTS;
 use streamapp_api::crd::StreamApp;
 use streamapp_kafka_wire::{
     Connection, CoordinatorKind, Security, bootstrap_servers, groups, open_coordinator,
@@ -96,6 +97,9 @@ impl Kafka {
         let spec = &app.spec.kafka;
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &spec.bootstrap_servers);
+        for (k, v) in CLIENT_DEFAULTS {
+            config.set(*k, *v);
+        }
         for (k, v) in &spec.properties {
             config.set(k, v);
         }

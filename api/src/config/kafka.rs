@@ -168,6 +168,17 @@ pub const RESERVED_KAFKA_PROPERTIES: &[&str] = &[
     "enable.partition.eof",
 ];
 
+/// Client properties every StreamApp client (the processor's, the operator's) gets unless the
+/// user's `kafka.properties` set them.
+///
+/// `metadata.recovery.rebootstrap.trigger.ms`: librdkafka (since 2.10) drops every broker a
+/// metadata response leaves out, the bootstrap servers too, and a broker that has just
+/// restarted is fenced for a moment and answers with no broker at all; the client then has
+/// none to ask and bootstraps again only after this long without metadata — 5 minutes by
+/// default, a stream stopped for that long after a one-broker restart.
+pub const CLIENT_DEFAULTS: &[(&str, &str)] =
+    &[("metadata.recovery.rebootstrap.trigger.ms", "10000")];
+
 /// The consumer group member (`group.instance.id`, static membership) of processing thread
 /// `thread` of pod `pod`: the pod name for the first thread, as with one thread, and
 /// `<pod>-thread-<n>` for the others. The transactional ids derive from it.

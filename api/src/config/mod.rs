@@ -26,9 +26,9 @@ pub use errors::{ConfigError, ConfigErrors};
 pub use internal_topics::{changelog_topic, internal_topics, repartition_topic};
 
 pub use kafka::{
-    DEFAULT_TRANSACTION_TIMEOUT, KafkaClient, MembershipConnection, RESERVED_KAFKA_PROPERTIES,
-    SaslMechanism, group_member, membership_connection, pod_of_group_member, transaction_timeout,
-    transactional_id,
+    CLIENT_DEFAULTS, DEFAULT_TRANSACTION_TIMEOUT, KafkaClient, MembershipConnection,
+    RESERVED_KAFKA_PROPERTIES, SaslMechanism, group_member, membership_connection,
+    pod_of_group_member, transaction_timeout, transactional_id,
 };
 pub use resolved::{GroupTiming, ResolvedConfig, ResolvedGroup};
 pub use rocksdb::{

@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 use rdkafka::config::ClientConfig;
-use streamapp_api::config::{ProcessorConfig, ResolvedConfig};
+use streamapp_api::config::{CLIENT_DEFAULTS, ProcessorConfig, ResolvedConfig};
 
 use super::RunArgs;
 
@@ -53,6 +53,9 @@ fn client_properties(
 ) -> ClientConfig {
     let mut client = ClientConfig::new();
     client.set("bootstrap.servers", &config.kafka.bootstrap_servers);
+    for (k, v) in CLIENT_DEFAULTS {
+        client.set(*k, *v);
+    }
     for (k, v) in &config.kafka.properties {
         client.set(k, v);
     }
@@ -122,6 +125,26 @@ mod tests {
         assert_eq!(r.wal_dir, Some(PathBuf::from("/wal")));
         assert_eq!(r.http_port, 9000);
         assert_eq!(r.kafka.bootstrap_servers, "other:9093");
+    }
+
+    #[test]
+    fn the_client_bootstraps_again_after_10_s_without_metadata_unless_the_user_says_otherwise() {
+        let config = file().resolve().unwrap();
+        let client = client_properties(&config, &no_flags(), false);
+        assert_eq!(
+            client.get("metadata.recovery.rebootstrap.trigger.ms"),
+            Some("10000")
+        );
+        let mut own = file();
+        own.kafka.properties.insert(
+            "metadata.recovery.rebootstrap.trigger.ms".into(),
+            "60000".into(),
+        );
+        let client = client_properties(&own.resolve().unwrap(), &no_flags(), false);
+        assert_eq!(
+            client.get("metadata.recovery.rebootstrap.trigger.ms"),
+            Some("60000")
+        );
     }
 
     #[test]
