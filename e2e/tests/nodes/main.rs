@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use streamapp_api::crd::StreamAppStatus;
-use streamapp_api::status_values::TaskState;
+use streamapp_api::status_values::{DrainRequest, PodPhase, TaskState};
 use streamapp_e2e::{READY_TIMEOUT, Scenario, Sent};
 use testbed::node::NodeFault;
 
@@ -76,8 +76,53 @@ async fn three_pods_go_to_three_nodes_and_each_standby_to_another_node_than_its_
         "{nodes:?}"
     );
 
+    let zones = zones_of(&nodes).await;
+    let distinct: BTreeSet<&String> = zones.values().collect();
+    assert_eq!(distinct.len(), NODES, "one pod per zone: {zones:?}");
+
     let status = wait_for_every_standby(&s).await;
-    let holders = holders(&status);
+    assert_each_standby_off_its_actives_node(&status, &nodes);
+
+    let mut sent = Sent::new();
+    sent.produce(&s, 2000, 0.3, 3);
+    s.assert_exactly_once(&sent);
+    s.finish().await;
+}
+
+/// With more pods than nodes, two pods share a node: a partition active on one of them must
+/// still get its standby on another node, not on the pod next door.
+#[tokio::test]
+async fn four_pods_on_three_nodes_keep_no_partitions_standby_on_its_actives_node() {
+    let (_turn, s) = scenario("four").await;
+    let mut app = three_pods_with_standbys(&s);
+    app["spec"]["replicas"] = 4.into();
+    s.apply(&app);
+    s.wait_ready(READY_TIMEOUT).await;
+
+    let nodes = nodes_of_pods(&s).await;
+    assert_eq!(nodes.len(), 4, "{nodes:?}");
+    let distinct: BTreeSet<&String> = nodes.values().collect();
+    assert_eq!(
+        distinct.len(),
+        NODES,
+        "four pods over every node: {nodes:?}"
+    );
+
+    let status = wait_for_every_standby(&s).await;
+    assert_each_standby_off_its_actives_node(&status, &nodes);
+
+    let mut sent = Sent::new();
+    sent.produce(&s, 2000, 0.3, 3);
+    s.assert_exactly_once(&sent);
+    s.finish().await;
+}
+
+/// Every one of the six partitions has one active and one standby, on different nodes.
+fn assert_each_standby_off_its_actives_node(
+    status: &StreamAppStatus,
+    nodes: &BTreeMap<String, String>,
+) {
+    let holders = holders(status);
     assert_eq!(holders.len(), 6, "{holders:?}");
     for (partition, (active, standbys)) in &holders {
         assert_eq!(active.len(), 1, "partition {partition}: {holders:?}");
@@ -87,11 +132,21 @@ async fn three_pods_go_to_three_nodes_and_each_standby_to_another_node_than_its_
             "partition {partition}'s standby is on its active's node: {holders:?} {nodes:?}"
         );
     }
+}
 
-    let mut sent = Sent::new();
-    sent.produce(&s, 2000, 0.3, 3);
-    s.assert_exactly_once(&sent);
-    s.finish().await;
+/// The zone (`topology.kubernetes.io/zone`) of each pod's node.
+async fn zones_of(nodes: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> =
+        kube::Api::all(testbed::kube::client().await);
+    let mut zones = BTreeMap::new();
+    for (pod, node) in nodes {
+        let labels = api.get(node).await.expect("the pod's node").metadata.labels;
+        let zone = labels
+            .and_then(|l| l.get("topology.kubernetes.io/zone").cloned())
+            .unwrap_or_else(|| panic!("node {node} has no zone label"));
+        zones.insert(pod.clone(), zone);
+    }
+    zones
 }
 
 /// Waits until each of the six partitions has a caught-up standby.
@@ -138,21 +193,7 @@ async fn uid_and_node(s: &Scenario, pod: &str) -> (String, String) {
 async fn pod_away_from_the_operator(s: &Scenario) -> (String, String, String, u32) {
     let pods = s.pods().await;
     let nodes = nodes_of_pods(s).await;
-    let operator =
-        kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(s.client.clone(), &s.namespace)
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|p| {
-                p.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with(&s.release))
-            })
-            .and_then(|p| p.spec?.node_name)
-            .expect("the operator's pod is scheduled");
+    let operator = operator_node(s).await;
     let (pod, node) = nodes
         .into_iter()
         .find(|(_, node)| *node != operator)
@@ -164,6 +205,24 @@ async fn pod_away_from_the_operator(s: &Scenario) -> (String, String, String, u3
         .unwrap();
     let number = testbed::node::number(&node).expect("a real node");
     (pod, uid, node, number)
+}
+
+/// The node the operator's pod runs on.
+async fn operator_node(s: &Scenario) -> String {
+    kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(s.client.clone(), &s.namespace)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&s.release))
+        })
+        .and_then(|p| p.spec?.node_name)
+        .expect("the operator's pod is scheduled")
 }
 
 /// Starts the app (three pods, standbys, `spec.nodeLoss` as given), processes a first batch
@@ -345,6 +404,122 @@ async fn a_node_frozen_past_the_session_timeout_is_fenced_when_it_thaws_and_noth
     let report = status.pods.iter().find(|p| p.name == frozen_pod).unwrap();
     assert_eq!(report.uid.as_deref(), Some(uid.as_str()), "{report:?}");
     // Settled: one more batch goes through without a further move.
+    sent.produce(&s, 1000, 0.3, 0);
+    s.assert_exactly_once(&sent);
+    s.finish().await;
+}
+
+/// Nodes cordoned by a test, uncordoned when it ends, passed or failed.
+struct Cordoned(Vec<String>);
+
+impl Drop for Cordoned {
+    fn drop(&mut self) {
+        for node in &self.0 {
+            let _ = testbed::kube::kubectl(&["uncordon", node], None);
+        }
+    }
+}
+
+/// `kubectl drain` of `node` (DaemonSets ignored, as an administrator runs it), giving up after
+/// `timeout`: whether it drained, and what it printed.
+fn drain(node: &str, timeout: Duration) -> (bool, String) {
+    let out = testbed::kube::kubectl(
+        &[
+            "drain",
+            node,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            &format!("--timeout={}s", timeout.as_secs()),
+        ],
+        None,
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Nodes drained one after the other, as an upgrade does. The first drain evicts its pod, whose
+/// preStop hook drains it; its volume is a local disk of that node, so the new pod waits for
+/// the node to come back. Meanwhile a second drain is refused by the PodDisruptionBudget: never
+/// two pods down. Once the first node is back and its pod Ready, the second drain goes through.
+#[tokio::test]
+async fn kubectl_drain_is_held_by_the_disruption_budget_and_each_evicted_pod_drains_first() {
+    let (_turn, s) = scenario("drain").await;
+    s.apply(&three_pods_with_standbys(&s));
+    s.wait_ready(READY_TIMEOUT).await;
+    wait_for_every_standby(&s).await;
+    let mut sent = Sent::new();
+    sent.produce(&s, 2000, 0.3, 0);
+    s.wait_processed();
+
+    // Two app pods away from the operator's node (draining that one moves the operator too).
+    let operator = operator_node(&s).await;
+    let away: Vec<(String, String)> = nodes_of_pods(&s)
+        .await
+        .into_iter()
+        .filter(|(_, node)| *node != operator)
+        .collect();
+    assert_eq!(away.len(), 2, "one app pod per node: {away:?}");
+    let [(first_pod, first_node), (second_pod, second_node)] = &away[..] else {
+        unreachable!()
+    };
+    let mut cordoned = Cordoned(vec![first_node.clone()]);
+    let (drained, output) = drain(first_node, Duration::from_secs(180));
+    assert!(drained, "draining {first_node}:\n{output}");
+    let status = s
+        .wait_for_status(
+            "the evicted pod's final report",
+            Duration::from_secs(90),
+            |st| {
+                st.pods
+                    .iter()
+                    .any(|p| &p.name == first_pod && p.phase == Some(PodPhase::Drained))
+            },
+        )
+        .await;
+    let last = status.pods.iter().find(|p| &p.name == first_pod).unwrap();
+    assert_eq!(last.last_shutdown_clean, Some(true), "{last:?}");
+    assert_eq!(
+        last.drain_requested_by,
+        Some(DrainRequest::Http),
+        "the preStop hook drained it: {last:?}"
+    );
+
+    // One pod down: the budget refuses the next eviction, whatever kubectl waits.
+    sent.produce(&s, 1000, 0.3, 0);
+    cordoned.0.push(second_node.clone());
+    let (drained, output) = drain(second_node, Duration::from_secs(30));
+    assert!(
+        !drained,
+        "draining {second_node} with a pod down went through:\n{output}"
+    );
+    assert!(
+        output.contains("disruption budget"),
+        "refused by the PodDisruptionBudget:\n{output}"
+    );
+    let second = s.pod(second_pod).await;
+    assert!(
+        second.metadata.deletion_timestamp.is_none(),
+        "{second_pod} was not evicted: {:?}",
+        second.metadata
+    );
+    s.assert_exactly_once(&sent);
+
+    // The first node back: its pod returns to its volume there, and the second drain proceeds.
+    testbed::kube::kubectl_ok(&["uncordon", first_node], None);
+    s.wait_ready(READY_TIMEOUT).await;
+    assert_eq!(&uid_and_node(&s, first_pod).await.1, first_node);
+    let (drained, output) = drain(second_node, Duration::from_secs(180));
+    assert!(
+        drained,
+        "draining {second_node} once every pod was back:\n{output}"
+    );
+    testbed::kube::kubectl_ok(&["uncordon", second_node], None);
+    drop(cordoned);
+    s.wait_ready(READY_TIMEOUT).await;
     sent.produce(&s, 1000, 0.3, 0);
     s.assert_exactly_once(&sent);
     s.finish().await;
