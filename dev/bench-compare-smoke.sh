@@ -9,7 +9,7 @@ source "$(dirname "$0")/lib.sh"
 
 out="$STREAMAPP_RUN/bench-compare-smoke"
 rm -rf "$out"
-BENCH_RESULTS="$out" BENCH_RECORDS=10000 BENCH_RUNS=1 BENCH_RECOVERY_KEYS=5000 BENCH_FAILOVER_KEYS=5000 \
+BENCH_RESULTS="$out" BENCH_RECORDS=10000 BENCH_RUNS=1 BENCH_LINGERS=5,20 BENCH_RECOVERY_KEYS=5000 BENCH_FAILOVER_KEYS=5000 \
   BENCH_LATENCY_WARMUP_SECONDS=3 BENCH_LATENCY_SECONDS=2 "$DEV_DIR/bench-compare.sh"
 for f in vs-kafka-streams.csv vs-kafka-streams.png; do
   [[ -s $out/$f ]] || die "bench-compare smoke: $out/$f was not written"
@@ -22,9 +22,12 @@ grep -q "exactly once: NO" "$out/vs-kafka-streams.txt" &&
   die "bench-compare smoke: an output was not exactly once (see $out/vs-kafka-streams.txt)"
 rows=$(grep -c "^scaling: " "$out/vs-kafka-streams.csv")
 ((rows == 8)) || die "bench-compare smoke: expected 8 scaling rows in the CSV, found $rows"
-# Throughput: 6 systems; latency: 4; recovery: 3; failover: 2, with and without standbys;
+# Throughput: 8 systems at linger.ms 5, 7 at 20 (ks-defaults lingers as it does); latency: 4;
+# recovery: 3; failover: 2, with and without standbys;
 # scaling: 1, 2 and 4 processes, and 1 process with 2 threads — each output checked once.
+grep -q "^linger.ms sweep" "$out/vs-kafka-streams.txt" ||
+  die "bench-compare smoke: the linger.ms sweep was not reported (see $out/vs-kafka-streams.txt)"
 checks=$(grep -c "exactly once: yes" "$out/vs-kafka-streams.txt")
-((checks == 21)) ||
-  die "bench-compare smoke: expected 21 passed exactly-once checks, found $checks (see $out/vs-kafka-streams.txt)"
+((checks == 30)) ||
+  die "bench-compare smoke: expected 30 passed exactly-once checks, found $checks (see $out/vs-kafka-streams.txt)"
 log "bench-compare smoke passed: $out"

@@ -90,7 +90,7 @@ def main(csv_path, png_path):
         def figures(r):
             cells = [
                 f"{name} {value(r, name):.4g}"
-                for name in ("streamapp", "skeleton", "copy", "ks_defaults", "ks_window", "ks_kv", "ks_window_txn")
+                for name in ("streamapp", "streamapp_walsync", "streamapp_nowal", "skeleton", "copy", "ks_defaults", "ks_window", "ks_kv", "ks_window_txn")
                 if value(r, name) is not None
             ]
             return f'{r["metric"]} ({r["unit"]}): ' + ", ".join(cells or ["no figure"])

@@ -98,7 +98,13 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
 
     let copy_output = format!("{run}-copy-out");
     topics.create(&[&copy_output]);
-    let mut copy = start_copy(work.path(), &format!("{run}-copy"), &input, &copy_output);
+    let mut copy = start_copy(
+        work.path(),
+        &format!("{run}-copy"),
+        &input,
+        &copy_output,
+        LINGER_MS,
+    );
     let mut copy_fig = measure_throughput(&mut copy, settings.records);
     stop_and_report(copy);
 
@@ -145,6 +151,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         &format!("{run}-lat-copy"),
         &lat_input,
         &lat_output,
+        LINGER_MS,
     );
     lat_copy.wait_ready();
     measure_latency(

@@ -86,8 +86,26 @@ pub struct Figures {
 
 // ---- the processor ------------------------------------------------------------------------------
 
+/// The processor's producer `linger.ms` (its default): what every system's producer gets
+/// unless a sweep (`BENCH_LINGERS`) says otherwise.
+pub const LINGER_MS: u32 = 5;
+
+/// What the processor's RocksDB write-ahead log does (`rocksdb.wal`): the durability a store
+/// gets per commit, measured next to what Kafka Streams runs (RocksDB without a WAL).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Wal {
+    /// The default: a WAL, written with each applied commit, not synced to disk.
+    #[default]
+    Default,
+    /// `syncOnCommit: true`: an fsync of the WAL with each applied commit.
+    SyncOnCommit,
+    /// `enabled: false`: no WAL, as Kafka Streams runs RocksDB.
+    Off,
+}
+
 /// What a benchmark sets in an application's configuration (the processor's, or the same
 /// settings of a peer).
+#[derive(Clone, Copy)]
 pub struct AppOptions {
     /// `topology.repartition`: `Auto` (the input is not keyed by the id: re-key through the
     /// repartition topic) or `Never` (it is).
@@ -102,6 +120,10 @@ pub struct AppOptions {
     pub partitions: i32,
     /// `processingThreads` of each processor process.
     pub processing_threads: u32,
+    /// The producer's `linger.ms` (every system's, Kafka Streams at its defaults excepted).
+    pub linger_ms: u32,
+    /// The processor's WAL (the processor only).
+    pub wal: Wal,
 }
 
 impl AppOptions {
@@ -114,6 +136,8 @@ impl AppOptions {
             session_timeout: None,
             partitions: PARTITIONS,
             processing_threads: 1,
+            linger_ms: LINGER_MS,
+            wal: Wal::Default,
         }
     }
 
@@ -166,6 +190,12 @@ impl DedupApp {
         topics.created.extend(repartition.clone());
         let mut properties = system_properties();
         properties.extend(options.group_properties());
+        properties.insert("linger.ms".into(), options.linger_ms.to_string());
+        let rocksdb = match options.wal {
+            Wal::Default => serde_json::json!({}),
+            Wal::SyncOnCommit => serde_json::json!({ "wal": { "syncOnCommit": true } }),
+            Wal::Off => serde_json::json!({ "wal": { "enabled": false } }),
+        };
         let config = serde_json::json!({
             "applicationId": id,
             "kafka": { "bootstrapServers": kafka::bootstrap(), "properties": properties },
@@ -184,8 +214,8 @@ impl DedupApp {
                 "maxSkew": format!("{}ms", (options.retention / 4).min(Duration::from_secs(300)).as_millis()),
                 "commitInterval": format!("{}ms", COMMIT_INTERVAL.as_millis()),
             },
-            // The default RocksDB profile: what a StreamApp gets unless tuned.
-            "rocksdb": {},
+            // The default RocksDB profile (what a StreamApp gets unless tuned), the WAL aside.
+            "rocksdb": rocksdb,
             "group": { "standbyReplicas": options.standby_replicas },
             "processingThreads": options.processing_threads,
         });

@@ -9,8 +9,13 @@
 //!
 //! The systems (all exactly-once, commit interval 100 ms, one processing thread, static group
 //! membership as a StatefulSet pod has):
-//! - `streamapp`: the real `streamapp-processor` binary, default RocksDB profile, id from the
-//!   JSON value (`dedupId.source: JsonPointer`), `topology.repartition: Auto`;
+//! - `streamapp`: the real `streamapp-processor` binary, default RocksDB profile (its WAL
+//!   written, not synced per commit), id from the JSON value (`dedupId.source: JsonPointer`),
+//!   `topology.repartition: Auto`;
+//! - `streamapp-walsync` and `streamapp-nowal` (throughput only): the same with an fsync of the
+//!   WAL per applied commit (`rocksdb.wal.syncOnCommit`), and without a WAL
+//!   (`rocksdb.wal.enabled: false`, what Kafka Streams runs RocksDB with): what each durability
+//!   per commit costs;
 //! - `skeleton`: the dedup topology's Kafka work alone — the same topics, consumes, produces,
 //!   headers and transactions as `streamapp`, the id found in the JSON value the same way, an
 //!   in-memory set instead of the store (`common/reference/skeleton.rs`): the floor of this
@@ -20,8 +25,8 @@
 //! - `ks-defaults`: Kafka Streams as the topology is written, every setting at the library's
 //!   default (its producer lingers 100 ms under EOS; a store builder's store is not cached), a
 //!   persistent window store with a range fetch per record;
-//! - `ks-window`: the same tuned as a competent user would: producer `linger.ms=5` and
-//!   `batch.size=1000000` (the processor's), the store cache as `BENCH_KS_CACHE_BYTES` says
+//! - `ks-window`: the same tuned as a competent user would: the producer's `linger.ms` the
+//!   run's (see the sweep below) and `batch.size=1000000` (the processor's), the store cache as `BENCH_KS_CACHE_BYTES` says
 //!   (default 0: off — an EOS commit every 100 ms flushes it anyway, and each id is written
 //!   once, so there is nothing for it to merge);
 //! - `ks-kv`: tuned like `ks-window`, with a key-value store and a point lookup per record
@@ -46,6 +51,9 @@
 //!    the stores have filled past their retention, so expiry is running). `BENCH_RUNS` (default
 //!    3) runs, in alternating order (forwards, backwards, ...); the median and the spread
 //!    (max − min, % of the median) are reported, and the machine's load next to every figure.
+//!    Each run sweeps the producers' `linger.ms` over `BENCH_LINGERS` (default 5,20,50) for
+//!    every system but `ks-defaults` (which lingers as the library does); each system is
+//!    reported at its best (highest median throughput) and measured for latency at it.
 //! 2. Correctness, before any figure is believed, after every run: the system's committed
 //!    output holds every input id exactly once and nothing else, its duplicates topic every
 //!    repeat (the copy: every input record once). A wrong output fails the run at once.
@@ -158,6 +166,9 @@ pub struct Settings {
     /// thread, one process of each of `BENCH_SCALING_THREADS`), on how many records.
     scaling_shapes: Vec<scaling::Shape>,
     scaling_records: u64,
+    /// The producers' `linger.ms` values the throughput phase sweeps (`BENCH_LINGERS`); each
+    /// system is reported at its best, and measured for latency at it.
+    lingers: Vec<u32>,
     /// The phases to run (`BENCH_PHASES`), all by default.
     phases: Vec<String>,
     /// The systems to run (`BENCH_PEERS`, by name), all by default.
@@ -211,6 +222,10 @@ impl Settings {
                 &key_counts("BENCH_SCALING_THREADS", "2"),
             ),
             scaling_records: env_num("BENCH_SCALING_RECORDS", records / 2),
+            lingers: key_counts("BENCH_LINGERS", "5,20,50")
+                .into_iter()
+                .map(|l| l as u32)
+                .collect(),
             phases: var("BENCH_PHASES")
                 .unwrap_or_else(|| PHASES.join(","))
                 .split(',')
@@ -266,6 +281,8 @@ impl Settings {
             session_timeout: None,
             partitions: PARTITIONS,
             processing_threads: self.threads,
+            linger_ms: LINGER_MS,
+            wal: Wal::Default,
         }
     }
 
@@ -294,7 +311,12 @@ impl Settings {
 /// Every run's figures, per system.
 #[derive(Default)]
 struct Measured {
+    /// Each system's throughput runs at its best `linger.ms` (see [`best_lingers`]).
     throughput: Vec<(Peer, Throughput)>,
+    /// Every throughput run: each system at each `linger.ms` of the sweep.
+    sweep: Vec<(Peer, u32, Throughput)>,
+    /// Each system's best `linger.ms`: its highest median throughput.
+    best_linger: Vec<(Peer, u32)>,
     latency: Vec<(Peer, Latency)>,
     recoveries: Vec<(u64, Vec<(Peer, Recovery)>)>,
     failovers: Vec<FailoverRuns>,
@@ -385,35 +407,58 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
             100.0 * steady::WINDOW.1
         );
         for r in 0..settings.runs {
-            println!("throughput run {}/{}:", r + 1, settings.runs);
-            for peer in settings.order(Peer::MEASURED, r) {
-                let id = format!("{run}-t{r}-{}", peer.name());
-                let app = App::create(
-                    topics,
-                    work.path(),
-                    peer,
-                    &id,
-                    &input,
-                    &settings.options(settings.retention),
+            for (l, &linger_ms) in settings.lingers.iter().enumerate() {
+                println!(
+                    "throughput run {}/{}, linger.ms {linger_ms}:",
+                    r + 1,
+                    settings.runs
                 );
-                let mut system = app.start(settings);
-                let fig = steady::measure_throughput(&mut system, settings.records);
-                if peer == Peer::Streamapp {
-                    print_processor_metrics(&system);
+                // Kafka Streams at its defaults lingers as it does: measured once a run.
+                let peers = settings.order(Peer::MEASURED, r);
+                for peer in peers.into_iter().filter(|p| l == 0 || p.takes_linger()) {
+                    let id = format!("{run}-t{r}-{linger_ms}-{}", peer.name());
+                    let options = AppOptions {
+                        linger_ms,
+                        ..settings.options(settings.retention)
+                    };
+                    let app = App::create(topics, work.path(), peer, &id, &input, &options);
+                    let mut system = app.start(settings);
+                    let fig = steady::measure_throughput(&mut system, settings.records);
+                    if peer.is_streamapp() {
+                        print_processor_metrics(&system);
+                    }
+                    system.stop();
+                    if !app.check(&format!("  {}", peer.name()), &dataset).correct {
+                        println!(
+                            "AN OUTPUT WAS NOT EXACTLY ONCE: no figure of this run means anything; stopping here (work dir kept)"
+                        );
+                        return false;
+                    }
+                    app.remove(topics);
+                    measured.sweep.push((peer, linger_ms, fig));
                 }
-                system.stop();
-                if !app.check(&format!("  {}", peer.name()), &dataset).correct {
-                    println!(
-                        "AN OUTPUT WAS NOT EXACTLY ONCE: no figure of this run means anything; stopping here (work dir kept)"
-                    );
-                    return false;
-                }
-                app.remove(topics);
-                measured.throughput.push((peer, fig));
             }
         }
         topics.delete_all();
+        measured.best_linger = best_lingers(&measured.sweep);
+        measured.throughput = measured
+            .sweep
+            .iter()
+            .filter(|(p, l, _)| measured.best_linger.contains(&(*p, *l)))
+            .map(|(p, _, t)| (*p, *t))
+            .collect();
+        if settings.lingers.len() > 1 {
+            print_linger_sweep(&measured);
+        }
     }
+    // Latency is measured with each system at its best linger.ms (the default without a sweep).
+    let best_linger = measured.best_linger.clone();
+    let linger_of = |peer: Peer| {
+        best_linger
+            .iter()
+            .find(|(p, _)| *p == peer)
+            .map_or(LINGER_MS, |(_, l)| *l)
+    };
 
     // ---- latency at the same fraction of each system's own maximum -------------------------
     let mut steady_state = true;
@@ -457,14 +502,11 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
             let id = format!("{run}-l{r}-{}", peer.name());
             let input = format!("{id}-in");
             topics.create(&[&input]);
-            let app = App::create(
-                topics,
-                work.path(),
-                peer,
-                &id,
-                &input,
-                &settings.options(settings.retention),
-            );
+            let options = AppOptions {
+                linger_ms: linger_of(peer),
+                ..settings.options(settings.retention)
+            };
+            let app = App::create(topics, work.path(), peer, &id, &input, &options);
             let mut system = app.start(settings);
             system.wait_ready();
             // Repeats within a quarter retention of wall-clock time.
@@ -738,6 +780,18 @@ fn table(m: &Measured, settings: &Settings) -> Table {
             throughput(|t| 1e6 / t.cpu_s_per_million),
         ),
         Row::new(
+            "producer linger.ms (each system's best of the sweep)",
+            "ms",
+            Better::Neither,
+            |peer| {
+                m.best_linger
+                    .iter()
+                    .filter(|(p, _)| *p == peer)
+                    .map(|(_, l)| f64::from(*l))
+                    .collect()
+            },
+        ),
+        Row::new(
             "peak RSS",
             "MiB",
             Better::Lower,
@@ -854,6 +908,64 @@ fn table(m: &Measured, settings: &Settings) -> Table {
 }
 
 /// A row's figures: per system, `f` of each of its runs.
+/// Each system's best `linger.ms` of the sweep: the one of its highest median throughput (a
+/// figure wins over none, from a window too short to time).
+fn best_lingers(sweep: &[(Peer, u32, Throughput)]) -> Vec<(Peer, u32)> {
+    let mut chosen: Vec<(Peer, u32, f64)> = Vec::new();
+    for &(peer, linger, _) in sweep {
+        let rate = sweep_median(sweep, peer, linger, |t| t.records_per_s);
+        match chosen.iter_mut().find(|(p, _, _)| *p == peer) {
+            None => chosen.push((peer, linger, rate)),
+            Some(c) if rate > c.2 || (c.2.is_nan() && !rate.is_nan()) => *c = (peer, linger, rate),
+            Some(_) => {}
+        }
+    }
+    chosen.into_iter().map(|(p, l, _)| (p, l)).collect()
+}
+
+/// The median of `f` over the sweep's runs of `peer` at `linger`.
+fn sweep_median(
+    sweep: &[(Peer, u32, Throughput)],
+    peer: Peer,
+    linger: u32,
+    f: fn(&Throughput) -> f64,
+) -> f64 {
+    let values: Vec<f64> = sweep
+        .iter()
+        .filter(|(p, l, _)| (*p, *l) == (peer, linger))
+        .map(|(_, _, t)| f(t))
+        .collect();
+    report::Stats::of(&values).map_or(f64::NAN, |s| s.median)
+}
+
+/// The sweep: each system's median throughput and CPU per 1M records at each `linger.ms`, its
+/// best marked.
+fn print_linger_sweep(measured: &Measured) {
+    println!("linger.ms sweep (median records/s, CPU s per 1M; * each system's best):");
+    for &(peer, best) in &measured.best_linger {
+        let mut lingers: Vec<u32> = measured
+            .sweep
+            .iter()
+            .filter(|(p, _, _)| *p == peer)
+            .map(|(_, l, _)| *l)
+            .collect();
+        lingers.sort_unstable();
+        lingers.dedup();
+        let cells: Vec<String> = lingers
+            .into_iter()
+            .map(|linger| {
+                format!(
+                    "{linger} ms{} {:.0}/s {:.2}",
+                    if linger == best { "*" } else { "" },
+                    sweep_median(&measured.sweep, peer, linger, |t| t.records_per_s),
+                    sweep_median(&measured.sweep, peer, linger, |t| t.cpu_s_per_million)
+                )
+            })
+            .collect();
+        println!("  {:<18} {}", peer.name(), cells.join(", "));
+    }
+}
+
 fn per_peer<T>(runs: &[(Peer, T)], f: fn(&T) -> f64) -> impl Fn(Peer) -> Vec<f64> + '_ {
     move |peer| {
         runs.iter()

@@ -9,16 +9,18 @@ use testbed::kafka::{self, Isolation};
 use crate::Settings;
 use crate::common::*;
 
-/// The Kafka Streams producer settings of the tuned configurations: the processor's linger
-/// (librdkafka's `linger.ms` as the processor sets it) and librdkafka's default batch size,
-/// which the processor uses.
-const KS_TUNED_LINGER_MS: u32 = 5;
+/// The Kafka Streams producer's batch size in the tuned configurations: librdkafka's default,
+/// which the processor uses (their `linger.ms` is the run's, as every other system's).
 const KS_TUNED_BATCH_BYTES: u32 = 1_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Peer {
     /// The real `streamapp-processor` binary, default RocksDB profile.
     Streamapp,
+    /// `Streamapp` with an fsync of RocksDB's WAL per applied commit.
+    StreamappWalSync,
+    /// `Streamapp` without RocksDB's WAL, as Kafka Streams runs RocksDB.
+    StreamappNoWal,
     /// The floor of the topology: its Kafka work alone, no store.
     Skeleton,
     /// A plain transactional copy, no dedup, no store (a reference row).
@@ -36,9 +38,12 @@ pub enum Peer {
 }
 
 impl Peer {
-    /// Throughput: every system, the skeleton and the copy as references.
-    pub const MEASURED: [Peer; 6] = [
+    /// Throughput: every system, the processor with each WAL setting, the skeleton and the
+    /// copy as references.
+    pub const MEASURED: [Peer; 8] = [
         Peer::Streamapp,
+        Peer::StreamappWalSync,
+        Peer::StreamappNoWal,
         Peer::Skeleton,
         Peer::Copy,
         Peer::KsDefaults,
@@ -57,8 +62,10 @@ impl Peer {
     /// Failover to a standby (and without one): two instances each.
     pub const FAILED_OVER: [Peer; 2] = [Peer::Streamapp, Peer::KsWindow];
     /// Every column of the table and the CSV.
-    pub const ALL: [Peer; 7] = [
+    pub const ALL: [Peer; 9] = [
         Peer::Streamapp,
+        Peer::StreamappWalSync,
+        Peer::StreamappNoWal,
         Peer::Skeleton,
         Peer::Copy,
         Peer::KsDefaults,
@@ -70,6 +77,8 @@ impl Peer {
     pub fn name(self) -> &'static str {
         match self {
             Peer::Streamapp => "streamapp",
+            Peer::StreamappWalSync => "streamapp-walsync",
+            Peer::StreamappNoWal => "streamapp-nowal",
             Peer::Skeleton => "skeleton",
             Peer::Copy => "copy",
             Peer::KsDefaults => "ks-defaults",
@@ -85,12 +94,46 @@ impl Peer {
     }
 
     pub fn is_kafka_streams(self) -> bool {
-        !matches!(self, Peer::Streamapp | Peer::Skeleton | Peer::Copy)
+        matches!(
+            self,
+            Peer::KsDefaults | Peer::KsWindow | Peer::KsKeyValue | Peer::KsWindowTxn
+        )
+    }
+
+    /// The real processor, with one WAL setting or another.
+    pub fn is_streamapp(self) -> bool {
+        matches!(
+            self,
+            Peer::Streamapp | Peer::StreamappWalSync | Peer::StreamappNoWal
+        )
+    }
+
+    /// The processor's WAL in this configuration.
+    fn wal(self) -> Wal {
+        match self {
+            Peer::StreamappWalSync => Wal::SyncOnCommit,
+            Peer::StreamappNoWal => Wal::Off,
+            _ => Wal::Default,
+        }
+    }
+
+    /// Whether the producer's `linger.ms` is the run's: not for Kafka Streams at its defaults
+    /// (it lingers 100 ms under EOS; that is what the column is about).
+    pub fn takes_linger(self) -> bool {
+        self != Peer::KsDefaults
     }
 
     pub fn describe(self) -> &'static str {
         match self {
-            Peer::Streamapp => "streamapp-processor, default RocksDB profile",
+            Peer::Streamapp => {
+                "streamapp-processor, default RocksDB profile (a WAL, not synced per commit)"
+            }
+            Peer::StreamappWalSync => {
+                "streamapp-processor, an fsync of RocksDB's WAL per applied commit (rocksdb.wal.syncOnCommit)"
+            }
+            Peer::StreamappNoWal => {
+                "streamapp-processor without RocksDB's WAL (rocksdb.wal.enabled: false), as Kafka Streams runs RocksDB"
+            }
             Peer::Skeleton => {
                 "the topology's Kafka work alone, a set of id hashes for the store (the floor)"
             }
@@ -102,10 +145,11 @@ impl Peer {
         }
     }
 
-    /// The peer's command-line settings for this configuration.
-    fn kafka_streams_args(self, settings: &Settings) -> Vec<String> {
+    /// The peer's command-line settings for this configuration, its producer lingering
+    /// `linger_ms` when tuned.
+    fn kafka_streams_args(self, settings: &Settings, linger_ms: u32) -> Vec<String> {
         let tuned = [
-            format!("linger-ms={KS_TUNED_LINGER_MS}"),
+            format!("linger-ms={linger_ms}"),
             format!("batch-size={KS_TUNED_BATCH_BYTES}"),
             format!("cache-bytes={}", settings.ks_cache_bytes),
         ];
@@ -114,7 +158,7 @@ impl Peer {
             Peer::KsWindow => ("window", &tuned[..], false),
             Peer::KsKeyValue => ("kv", &tuned[..], false),
             Peer::KsWindowTxn => ("window", &tuned[..], true),
-            Peer::Streamapp | Peer::Skeleton | Peer::Copy => unreachable!("not Kafka Streams"),
+            _ => unreachable!("not Kafka Streams"),
         };
         let mut args = vec![
             format!("store={store}"),
@@ -136,6 +180,8 @@ pub struct App {
     pub retention: std::time::Duration,
     /// The input's partitions (and the internal topics').
     partitions: i32,
+    /// The producer's `linger.ms` (see [`Peer::takes_linger`]).
+    linger_ms: u32,
     /// `num.standby.replicas` of a Kafka Streams peer (the processor's is in its configuration).
     standby_replicas: u32,
     /// `num.stream.threads` of a Kafka Streams peer (the processor's `processingThreads` is in
@@ -174,6 +220,7 @@ impl App {
             repartition: None,
             retention: options.retention,
             partitions: options.partitions,
+            linger_ms: options.linger_ms,
             standby_replicas: options.standby_replicas,
             stream_threads: options.processing_threads,
             group_properties: options.group_properties(),
@@ -182,8 +229,12 @@ impl App {
             processor: None,
         };
         match peer {
-            Peer::Streamapp => {
-                let processor = DedupApp::create(topics, work, id, input, options);
+            _ if peer.is_streamapp() => {
+                let options = AppOptions {
+                    wal: peer.wal(),
+                    ..*options
+                };
+                let processor = DedupApp::create(topics, work, id, input, &options);
                 app.output = processor.output.clone();
                 app.duplicates = processor.duplicates.clone();
                 app.repartition = processor.repartition.clone();
@@ -230,7 +281,13 @@ impl App {
         let work = self.dir.parent().expect("work dir");
         match self.peer {
             Peer::Copy => {
-                return reference::copy::start_copy(work, &self.id, &self.input, &self.output);
+                return reference::copy::start_copy(
+                    work,
+                    &self.id,
+                    &self.input,
+                    &self.output,
+                    self.linger_ms,
+                );
             }
             Peer::Skeleton => {
                 let changelog = format!("{}-dedup-changelog", self.id);
@@ -241,7 +298,13 @@ impl App {
                     output: &self.output,
                     duplicates: &self.duplicates,
                 };
-                return reference::skeleton::start_skeleton(work, &self.id, &self.input, &topics);
+                return reference::skeleton::start_skeleton(
+                    work,
+                    &self.id,
+                    &self.input,
+                    &topics,
+                    self.linger_ms,
+                );
             }
             _ => {}
         }
@@ -260,7 +323,7 @@ impl App {
             .arg(format!("state-dir={}", dir.join("state").display()))
             .arg(format!("retention-ms={}", self.retention.as_millis()))
             .arg(format!("repartition={}", self.repartition.is_some()))
-            .args(self.peer.kafka_streams_args(settings))
+            .args(self.peer.kafka_streams_args(settings, self.linger_ms))
             .arg(format!("standby-replicas={}", self.standby_replicas))
             .arg(format!("stream-threads={}", self.stream_threads))
             .args(
@@ -313,7 +376,7 @@ impl App {
             offsets_report(watcher, &self.input, self.repartition.as_deref()),
         ];
         lines.extend(logs.iter().map(|log| log_warnings(log, 20)));
-        if self.peer == Peer::Streamapp {
+        if self.peer.is_streamapp() {
             let dead_letters = kafka::read_all(
                 &format!("{}-dlq", self.id),
                 Isolation::ReadCommitted,

@@ -7,17 +7,23 @@ use super::{Reference, run_transactions};
 use crate::common::System;
 
 /// Starts the copy of `input` to `output` for the application `group`.
-pub fn start_copy(work: &std::path::Path, group: &str, input: &str, output: &str) -> System {
-    super::start(Reference::Copy, work, group, input, &[output])
+pub fn start_copy(
+    work: &std::path::Path,
+    group: &str,
+    input: &str,
+    output: &str,
+    linger_ms: u32,
+) -> System {
+    super::start(Reference::Copy, work, group, input, linger_ms, &[output])
 }
 
-/// `copy <input> <output> <group> <ready file>`: copies `input` to `output` exactly once
-/// until stdin closes.
+/// `copy <input> <linger.ms> <output> <group> <ready file>`: copies `input` to `output`
+/// exactly once until stdin closes.
 pub fn run(args: &[String]) {
-    let [input, output, group, ready] = args else {
-        panic!("usage: <bench> copy <input> <output> <group> <ready file>");
+    let [input, linger_ms, output, group, ready] = args else {
+        panic!("usage: <bench> copy <input> <linger.ms> <output> <group> <ready file>");
     };
-    run_transactions(group, &[input], ready, |producer, m| {
+    run_transactions(group, &[input], ready, linger_ms, |producer, m| {
         send_copy(producer, output, m)
     });
 }

@@ -66,9 +66,17 @@ pub fn run_child(reference: Reference, args: &[String]) {
     }
 }
 
-/// Starts `reference` for the application `group` reading `input`: this program re-executed
-/// as `<reference> <input> <args...> <group> <ready file>`.
-pub fn start(reference: Reference, work: &Path, group: &str, input: &str, args: &[&str]) -> System {
+/// Starts `reference` for the application `group` reading `input`, its producer lingering
+/// `linger_ms`: this program re-executed as `<reference> <input> <linger.ms> <args...> <group>
+/// <ready file>`.
+pub fn start(
+    reference: Reference,
+    work: &Path,
+    group: &str,
+    input: &str,
+    linger_ms: u32,
+    args: &[&str],
+) -> System {
     let dir = work.join(group);
     std::fs::create_dir_all(&dir).unwrap();
     let ready = dir.join("ready");
@@ -76,6 +84,7 @@ pub fn start(reference: Reference, work: &Path, group: &str, input: &str, args: 
     command
         .arg(reference.arg())
         .arg(input)
+        .arg(linger_ms.to_string())
         .args(args)
         .arg(group)
         .arg(&ready);
@@ -96,12 +105,13 @@ pub fn stop_and_report(system: System) {
 /// The consume–produce loop both references share: `topics` read by one consumer of `group`
 /// (read_committed, offsets committed in the transactions), one transactional producer, a
 /// transaction begun at the first record after a commit and committed every
-/// [`COMMIT_INTERVAL`]. `handle` sends what one record makes; `ready` is written once the
-/// consumer has partitions.
+/// [`COMMIT_INTERVAL`], the producer lingering `linger_ms`. `handle` sends what one record
+/// makes; `ready` is written once the consumer has partitions.
 fn run_transactions(
     group: &str,
     topics: &[&str],
     ready: &str,
+    linger_ms: &str,
     mut handle: impl FnMut(&BaseProducer, &BorrowedMessage<'_>),
 ) {
     // The processor's consumer and producer settings, so that only the topology differs.
@@ -124,7 +134,7 @@ fn run_transactions(
     let producer: BaseProducer = client
         .set("transactional.id", format!("{group}-reference"))
         .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
+        .set("linger.ms", linger_ms)
         .set("queue.buffering.max.kbytes", "65536")
         .create()
         .expect("producer");

@@ -43,6 +43,7 @@ pub fn start_skeleton(
     group: &str,
     input: &str,
     topics: &SkeletonTopics<'_>,
+    linger_ms: u32,
 ) -> System {
     let partitions = topics.partitions.to_string();
     let args = [
@@ -52,16 +53,17 @@ pub fn start_skeleton(
         topics.output,
         topics.duplicates,
     ];
-    let mut system = super::start(Reference::Skeleton, work, group, input, &args);
+    let mut system = super::start(Reference::Skeleton, work, group, input, linger_ms, &args);
     system.repartition = topics.repartition.map(str::to_string);
     system
 }
 
-/// `skeleton <input> <repartition or -> <partitions> <changelog> <output> <duplicates> <group>
-/// <ready file>`: the dedup topology's Kafka work until stdin closes.
+/// `skeleton <input> <linger.ms> <repartition or -> <partitions> <changelog> <output>
+/// <duplicates> <group> <ready file>`: the dedup topology's Kafka work until stdin closes.
 pub fn run(args: &[String]) {
     let [
         input,
+        linger_ms,
         repartition,
         partitions,
         changelog,
@@ -72,7 +74,7 @@ pub fn run(args: &[String]) {
     ] = args
     else {
         panic!(
-            "usage: <bench> skeleton <input> <repartition or -> <partitions> <changelog> <output> <duplicates> <group> <ready file>"
+            "usage: <bench> skeleton <input> <linger.ms> <repartition or -> <partitions> <changelog> <output> <duplicates> <group> <ready file>"
         );
     };
     let repartition = (repartition != "-").then_some(repartition.as_str());
@@ -93,7 +95,7 @@ pub fn run(args: &[String]) {
     };
     let mut topics = vec![input.as_str()];
     topics.extend(repartition);
-    run_transactions(group, &topics, ready, |producer, m| {
+    run_transactions(group, &topics, ready, linger_ms, |producer, m| {
         skeleton.handle(producer, m)
     });
 }
