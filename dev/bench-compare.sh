@@ -69,7 +69,7 @@ export STREAMAPP_KAFKA_BOOTSTRAP="${STREAMAPP_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_
 export BENCH_CSV="$results/vs-kafka-streams.csv"
 
 cargo bench --locked -p streamapp-processor --bench vs_kafka_streams --no-run
-log "running the comparison (at full size, 5M records and 3 runs, about two hours on 2 cores)"
+log "running the comparison (at full size, 5M records, 3 runs and three linger.ms values: several hours on 2 cores)"
 # Inside the test bed's network namespace, where the broker is (no relay in the data path).
 in_testbed "${pin[@]}" cargo bench --locked --offline -p streamapp-processor --bench vs_kafka_streams 2>&1 |
   tee "$results/vs-kafka-streams.txt"
