@@ -1,7 +1,7 @@
 //! Benchmark: streamapp-processor next to Kafka Streams 4.4 running the same dedup topology
 //! (bench/kafka-streams), at its defaults and at its best reasonable configuration, with the
-//! topology's Kafka work alone (the skeleton) as the floor — one after the other, on the same local broker, with the
-//! same input, measured in a steady state.
+//! topology's Kafka work alone (the skeleton) as the floor — one after the other, on the same
+//! local broker, with the same input, measured in a steady state.
 //!
 //! Run it with `make bench-compare`, which installs what it needs (Kafka, the Java peer through
 //! Maven, matplotlib for the chart), starts the broker if it is not running, runs this, and
@@ -26,9 +26,9 @@
 //!   default (its producer lingers 100 ms under EOS; a store builder's store is not cached), a
 //!   persistent window store with a range fetch per record;
 //! - `ks-window`: the same tuned as a competent user would: the producer's `linger.ms` the
-//!   run's (see the sweep below) and `batch.size=1000000` (the processor's), the store cache as `BENCH_KS_CACHE_BYTES` says
-//!   (default 0: off — an EOS commit every 100 ms flushes it anyway, and each id is written
-//!   once, so there is nothing for it to merge);
+//!   run's (see the sweep below) and `batch.size=1000000` (the processor's), the store cache as
+//!   `BENCH_KS_CACHE_BYTES` says (default 0: off — an EOS commit every 100 ms flushes it
+//!   anyway, and each id is written once, so there is nothing for it to merge);
 //! - `ks-kv`: tuned like `ks-window`, with a key-value store and a point lookup per record
 //!   instead, expired by a stream-time punctuation every half retention;
 //! - `ks-window-txn` (recovery only): `ks-window` with KIP-892 transactional state stores.
@@ -118,18 +118,21 @@ mod failover;
 mod recovery;
 mod report;
 mod scaling;
+mod settings;
 mod steady;
+mod sweep;
 mod systems;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::*;
 use failover::{Failover, fail_over};
 use recovery::{Recovery, recover};
 use report::{Better, Row, Table, format_keys};
 use scaling::ScalingRun;
+use settings::Settings;
 use steady::{Latency, LatencyRun, Throughput};
 use systems::{App, Peer};
 use testbed::kafka;
@@ -146,172 +149,10 @@ fn main() -> ExitCode {
     run(|_, topics| bench(&settings, topics))
 }
 
-/// The phases of a run, in order (`BENCH_PHASES` picks some).
-const PHASES: [&str; 5] = ["throughput", "latency", "recovery", "failover", "scaling"];
-
-pub struct Settings {
-    records: u64,
-    runs: usize,
-    keying: Keying,
-    retention: Duration,
-    /// Processing threads of each system (`BENCH_THREADS`).
-    threads: u32,
-    latency_percent: u64,
-    latency_rate: Option<u64>,
-    latency_warmup: Duration,
-    latency_duration: Duration,
-    recovery_keys: Vec<u64>,
-    failover_keys: Vec<u64>,
-    /// Scaling: how many processes and threads in turn (`BENCH_SCALING_PROCESSES` of one
-    /// thread, one process of each of `BENCH_SCALING_THREADS`), on how many records.
-    scaling_shapes: Vec<scaling::Shape>,
-    scaling_records: u64,
-    /// The producers' `linger.ms` values the throughput phase sweeps (`BENCH_LINGERS`); each
-    /// system is reported at its best, and measured for latency at it.
-    lingers: Vec<u32>,
-    /// The phases to run (`BENCH_PHASES`), all by default.
-    phases: Vec<String>,
-    /// The systems to run (`BENCH_PEERS`, by name), all by default.
-    peers: Vec<Peer>,
-    pub ks_cache_bytes: u64,
-    pub java: String,
-    pub java_opts: Vec<String>,
-    pub ks_classpath: String,
-    csv: PathBuf,
-}
-
-/// A comma-separated list of key counts from the environment variable `name`.
-fn key_counts(name: &str, default: &str) -> Vec<u64> {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| default.into())
-        .split(',')
-        .filter(|n| !n.trim().is_empty())
-        .map(|n| {
-            n.trim()
-                .parse()
-                .unwrap_or_else(|_| panic!("{name}: {n} is not a number"))
-        })
-        .collect()
-}
-
-impl Settings {
-    fn from_env() -> Self {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let records = env_num("BENCH_RECORDS", 5_000_000);
-        Settings {
-            records,
-            runs: env_num("BENCH_RUNS", 3).max(1) as usize,
-            keying: match var("BENCH_KEYING").as_deref() {
-                None | Some("unrelated") => Keying::Unrelated,
-                Some("id") => Keying::Id,
-                Some(other) => panic!("BENCH_KEYING={other}: unrelated or id"),
-            },
-            retention: Duration::from_secs(env_num("BENCH_RETENTION_SECONDS", 120)),
-            threads: env_num("BENCH_THREADS", 1) as u32,
-            latency_percent: env_num("BENCH_LATENCY_PERCENT", 50),
-            latency_rate: var("BENCH_LATENCY_RATE").map(|_| env_num("BENCH_LATENCY_RATE", 0)),
-            latency_warmup: Duration::from_secs(env_num("BENCH_LATENCY_WARMUP_SECONDS", 30)),
-            latency_duration: Duration::from_secs(env_num("BENCH_LATENCY_SECONDS", 20)),
-            recovery_keys: key_counts("BENCH_RECOVERY_KEYS", "20000,1000000,5000000"),
-            failover_keys: key_counts("BENCH_FAILOVER_KEYS", "1000000"),
-            scaling_shapes: scaling::shapes(
-                &key_counts("BENCH_SCALING_PROCESSES", "1,2,4"),
-                &key_counts("BENCH_SCALING_THREADS", "2"),
-            ),
-            scaling_records: env_num("BENCH_SCALING_RECORDS", records / 2),
-            lingers: key_counts("BENCH_LINGERS", "5,20,50")
-                .into_iter()
-                .map(|l| l as u32)
-                .collect(),
-            phases: var("BENCH_PHASES")
-                .unwrap_or_else(|| PHASES.join(","))
-                .split(',')
-                .map(|p| p.trim().to_string())
-                .inspect(|p| {
-                    assert!(
-                        PHASES.contains(&p.as_str()),
-                        "BENCH_PHASES: {p} is not one of {PHASES:?}"
-                    )
-                })
-                .collect(),
-            peers: var("BENCH_PEERS").map_or(Peer::ALL.to_vec(), |names| {
-                names
-                    .split(',')
-                    .map(|n| {
-                        Peer::ALL
-                            .into_iter()
-                            .find(|p| p.name() == n.trim())
-                            .unwrap_or_else(|| panic!("BENCH_PEERS: no system named {n}"))
-                    })
-                    .collect()
-            }),
-            ks_cache_bytes: env_num("BENCH_KS_CACHE_BYTES", 0),
-            java: var("BENCH_JAVA").unwrap_or_else(|| "java".into()),
-            java_opts: var("BENCH_JAVA_OPTS")
-                .unwrap_or_else(|| "-Xmx1g".into())
-                .split_whitespace()
-                .map(String::from)
-                .collect(),
-            ks_classpath: var("BENCH_KS_CLASSPATH").unwrap_or_else(|| {
-                panic!(
-                    "BENCH_KS_CLASSPATH is not set: the Kafka Streams peer is built and this \
-                     benchmark run by `make bench-compare`"
-                )
-            }),
-            csv: var("BENCH_CSV").map_or_else(
-                || repo.join("bench/results/vs-kafka-streams.csv"),
-                PathBuf::from,
-            ),
-        }
-    }
-
-    fn repartitions(&self) -> bool {
-        self.keying == Keying::Unrelated
-    }
-
-    /// One application's options: one instance, no standbys, the clients' group timing.
-    fn options(&self, retention: Duration) -> AppOptions {
-        AppOptions {
-            repartition: self.repartitions(),
-            retention,
-            standby_replicas: 0,
-            session_timeout: None,
-            partitions: PARTITIONS,
-            processing_threads: self.threads,
-            linger_ms: LINGER_MS,
-            wal: Wal::Default,
-        }
-    }
-
-    fn runs(&self, phase: &str) -> bool {
-        self.phases.iter().any(|p| p == phase)
-    }
-
-    /// Of `peers`, those `BENCH_PEERS` selects.
-    fn selected<const N: usize>(&self, peers: [Peer; N]) -> Vec<Peer> {
-        peers
-            .into_iter()
-            .filter(|p| self.peers.contains(p))
-            .collect()
-    }
-
-    /// Run `r`'s order: forwards, backwards, forwards...
-    fn order<const N: usize>(&self, peers: [Peer; N], r: usize) -> Vec<Peer> {
-        let mut order = self.selected(peers);
-        if r % 2 == 1 {
-            order.reverse();
-        }
-        order
-    }
-}
-
 /// Every run's figures, per system.
 #[derive(Default)]
 struct Measured {
-    /// Each system's throughput runs at its best `linger.ms` (see [`best_lingers`]).
+    /// Each system's throughput runs at its best `linger.ms` (see [`sweep::best_lingers`]).
     throughput: Vec<(Peer, Throughput)>,
     /// Every throughput run: each system at each `linger.ms` of the sweep.
     sweep: Vec<(Peer, u32, Throughput)>,
@@ -440,7 +281,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
             }
         }
         topics.delete_all();
-        measured.best_linger = best_lingers(&measured.sweep);
+        measured.best_linger = sweep::best_lingers(&measured.sweep);
         measured.throughput = measured
             .sweep
             .iter()
@@ -448,7 +289,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
             .map(|(p, _, t)| (*p, *t))
             .collect();
         if settings.lingers.len() > 1 {
-            print_linger_sweep(&measured);
+            sweep::print_linger_sweep(&measured.sweep, &measured.best_linger);
         }
     }
     // Latency is measured with each system at its best linger.ms (the default without a sweep).
@@ -786,7 +627,7 @@ fn table(m: &Measured, settings: &Settings) -> Table {
             |peer| {
                 m.best_linger
                     .iter()
-                    .filter(|(p, _)| *p == peer)
+                    .filter(|(p, _)| *p == peer && p.takes_linger())
                     .map(|(_, l)| f64::from(*l))
                     .collect()
             },
@@ -908,64 +749,6 @@ fn table(m: &Measured, settings: &Settings) -> Table {
 }
 
 /// A row's figures: per system, `f` of each of its runs.
-/// Each system's best `linger.ms` of the sweep: the one of its highest median throughput (a
-/// figure wins over none, from a window too short to time).
-fn best_lingers(sweep: &[(Peer, u32, Throughput)]) -> Vec<(Peer, u32)> {
-    let mut chosen: Vec<(Peer, u32, f64)> = Vec::new();
-    for &(peer, linger, _) in sweep {
-        let rate = sweep_median(sweep, peer, linger, |t| t.records_per_s);
-        match chosen.iter_mut().find(|(p, _, _)| *p == peer) {
-            None => chosen.push((peer, linger, rate)),
-            Some(c) if rate > c.2 || (c.2.is_nan() && !rate.is_nan()) => *c = (peer, linger, rate),
-            Some(_) => {}
-        }
-    }
-    chosen.into_iter().map(|(p, l, _)| (p, l)).collect()
-}
-
-/// The median of `f` over the sweep's runs of `peer` at `linger`.
-fn sweep_median(
-    sweep: &[(Peer, u32, Throughput)],
-    peer: Peer,
-    linger: u32,
-    f: fn(&Throughput) -> f64,
-) -> f64 {
-    let values: Vec<f64> = sweep
-        .iter()
-        .filter(|(p, l, _)| (*p, *l) == (peer, linger))
-        .map(|(_, _, t)| f(t))
-        .collect();
-    report::Stats::of(&values).map_or(f64::NAN, |s| s.median)
-}
-
-/// The sweep: each system's median throughput and CPU per 1M records at each `linger.ms`, its
-/// best marked.
-fn print_linger_sweep(measured: &Measured) {
-    println!("linger.ms sweep (median records/s, CPU s per 1M; * each system's best):");
-    for &(peer, best) in &measured.best_linger {
-        let mut lingers: Vec<u32> = measured
-            .sweep
-            .iter()
-            .filter(|(p, _, _)| *p == peer)
-            .map(|(_, l, _)| *l)
-            .collect();
-        lingers.sort_unstable();
-        lingers.dedup();
-        let cells: Vec<String> = lingers
-            .into_iter()
-            .map(|linger| {
-                format!(
-                    "{linger} ms{} {:.0}/s {:.2}",
-                    if linger == best { "*" } else { "" },
-                    sweep_median(&measured.sweep, peer, linger, |t| t.records_per_s),
-                    sweep_median(&measured.sweep, peer, linger, |t| t.cpu_s_per_million)
-                )
-            })
-            .collect();
-        println!("  {:<18} {}", peer.name(), cells.join(", "));
-    }
-}
-
 fn per_peer<T>(runs: &[(Peer, T)], f: fn(&T) -> f64) -> impl Fn(Peer) -> Vec<f64> + '_ {
     move |peer| {
         runs.iter()
