@@ -21,6 +21,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde::Deserialize;
 use streamapp_api::crd::{PodStateStatus, StreamApp, StreamAppStatus};
+use streamapp_api::status_values::PodPhase;
 use testbed::kafka::{self, Isolation};
 use testbed::kube::{TestNamespace, kubectl, kubectl_ok};
 
@@ -264,6 +265,22 @@ impl Scenario {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// The final report of `pod`'s agent, once the pod has drained (`phase: Drained`).
+    pub async fn wait_for_final_report(&self, pod: &str) -> PodStateStatus {
+        let status = self
+            .wait_for_status(
+                &format!("{pod}'s final report"),
+                Duration::from_secs(90),
+                |st| {
+                    st.pods
+                        .iter()
+                        .any(|p| p.name == pod && p.phase == Some(PodPhase::Drained))
+                },
+            )
+            .await;
+        status.pods.into_iter().find(|p| p.name == pod).unwrap()
     }
 
     /// The agent's entry for `pod` in `status.pods`.

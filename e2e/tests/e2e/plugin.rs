@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use streamapp_api::status_values::{DrainRequest, PodPhase};
+use streamapp_api::status_values::DrainRequest;
 use streamapp_e2e::{APP, READY_TIMEOUT, Scenario, Sent, pod_name};
 
 /// Runs the workspace's `kubectl-streamapp` (built next to this test) with the test bed's
@@ -86,18 +86,7 @@ async fn the_plugin_shows_inspects_and_drains_a_running_streamapp() {
     let pod = pod_name(1);
     let said = plugin(&["drain", &pod, "-n", ns]);
     assert!(said.starts_with(&format!("draining {ns}/{pod}")), "{said}");
-    let drained = s
-        .wait_for_status(
-            "the drained pod's final report",
-            Duration::from_secs(90),
-            |st| {
-                st.pods
-                    .iter()
-                    .any(|p| p.name == pod && p.phase == Some(PodPhase::Drained))
-            },
-        )
-        .await;
-    let last = drained.pods.iter().find(|p| p.name == pod).unwrap();
+    let last = s.wait_for_final_report(&pod).await;
     assert_eq!(last.last_shutdown_clean, Some(true), "{last:?}");
     assert_eq!(
         last.drain_requested_by,

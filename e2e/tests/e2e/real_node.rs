@@ -161,14 +161,7 @@ async fn deleting_a_pod_runs_the_prestop_drain_and_its_successor_restores_nothin
     s.kubectl(&["delete", "pod", &pod, "--wait=false"]);
     // The old pod's agent stops after the processor (a native sidecar) and reports its end:
     // drained, asked by the preStop hook over HTTP, not by the kubelet's SIGTERM.
-    let drained = s
-        .wait_for_status(
-            "the old pod's final report",
-            Duration::from_secs(90),
-            |st| report(st, &pod).is_some_and(|p| p.phase == Some(PodPhase::Drained)),
-        )
-        .await;
-    let last = report(&drained, &pod).unwrap();
+    let last = s.wait_for_final_report(&pod).await;
     assert_eq!(last.last_shutdown_clean, Some(true), "{last:?}");
     assert_eq!(
         last.drain_requested_by,

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use streamapp_api::crd::StreamAppStatus;
-use streamapp_api::status_values::{DrainRequest, PodPhase, TaskState};
+use streamapp_api::status_values::{DrainRequest, TaskState};
 use streamapp_e2e::{READY_TIMEOUT, Scenario, Sent};
 use testbed::node::NodeFault;
 
@@ -80,13 +80,7 @@ async fn three_pods_go_to_three_nodes_and_each_standby_to_another_node_than_its_
     let distinct: BTreeSet<&String> = zones.values().collect();
     assert_eq!(distinct.len(), NODES, "one pod per zone: {zones:?}");
 
-    let status = wait_for_every_standby(&s).await;
-    assert_each_standby_off_its_actives_node(&status, &nodes);
-
-    let mut sent = Sent::new();
-    sent.produce(&s, 2000, 0.3, 3);
-    s.assert_exactly_once(&sent);
-    s.finish().await;
+    each_standby_off_its_actives_node_and_every_id_once(s, &nodes).await;
 }
 
 /// With more pods than nodes, two pods share a node: a partition active on one of them must
@@ -108,9 +102,17 @@ async fn four_pods_on_three_nodes_keep_no_partitions_standby_on_its_actives_node
         "four pods over every node: {nodes:?}"
     );
 
-    let status = wait_for_every_standby(&s).await;
-    assert_each_standby_off_its_actives_node(&status, &nodes);
+    each_standby_off_its_actives_node_and_every_id_once(s, &nodes).await;
+}
 
+/// Once every partition has its standby: each on another node than its active, then a batch
+/// with repeats and bad records, every id output once. Ends the scenario.
+async fn each_standby_off_its_actives_node_and_every_id_once(
+    s: Scenario,
+    nodes: &BTreeMap<String, String>,
+) {
+    let status = wait_for_every_standby(&s).await;
+    assert_each_standby_off_its_actives_node(&status, nodes);
     let mut sent = Sent::new();
     sent.produce(&s, 2000, 0.3, 3);
     s.assert_exactly_once(&sent);
@@ -469,18 +471,7 @@ async fn kubectl_drain_is_held_by_the_disruption_budget_and_each_evicted_pod_dra
     let mut cordoned = Cordoned(vec![first_node.clone()]);
     let (drained, output) = drain(first_node, Duration::from_secs(180));
     assert!(drained, "draining {first_node}:\n{output}");
-    let status = s
-        .wait_for_status(
-            "the evicted pod's final report",
-            Duration::from_secs(90),
-            |st| {
-                st.pods
-                    .iter()
-                    .any(|p| &p.name == first_pod && p.phase == Some(PodPhase::Drained))
-            },
-        )
-        .await;
-    let last = status.pods.iter().find(|p| &p.name == first_pod).unwrap();
+    let last = s.wait_for_final_report(first_pod).await;
     assert_eq!(last.last_shutdown_clean, Some(true), "{last:?}");
     assert_eq!(
         last.drain_requested_by,
