@@ -21,6 +21,7 @@
 //! once it commits, and never those of an aborted one.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
@@ -34,7 +35,7 @@ use tracing::{error, info, warn};
 
 use crate::kafka_errors::reader_error_is_transient;
 use crate::open_transactions::HighWatermarks;
-use crate::store::{Staged, StoreError, TaskStore};
+use crate::store::{Sighting, Staged, StoreError, TaskStore};
 
 /// Records applied to RocksDB per batch while restoring.
 const APPLY_CHUNK: usize = 10_000;
@@ -137,6 +138,9 @@ pub struct Restorer {
     skipped: BTreeMap<i32, Skipped>,
     /// When the reader last warned that Kafka is away.
     kafka_warned_at: Option<Instant>,
+    /// The source topic of the last sighting read: nearly all name the input topic, which is
+    /// then shared instead of allocated per record.
+    last_topic: Option<Arc<str>>,
 }
 
 /// What one step did for one partition.
@@ -184,6 +188,7 @@ impl Restorer {
             partitions: BTreeMap::new(),
             skipped: BTreeMap::new(),
             kafka_warned_at: None,
+            last_topic: None,
         })
     }
 
@@ -374,8 +379,13 @@ impl Restorer {
                     }
                     read += 1;
                     let chunk = staged.entry(p).or_default();
-                    match ChangelogRecord::of(m.key(), m.payload()) {
-                        ChangelogRecord::Sighting { id, time } => chunk.put(id, time),
+                    match ChangelogRecord::of(m.key(), m.payload(), self.last_topic.as_ref()) {
+                        ChangelogRecord::Sighting { id, sighting } => {
+                            if let Some(source) = &sighting.source {
+                                self.last_topic = Some(source.topic.clone());
+                            }
+                            chunk.put_sighting(id, sighting)
+                        }
                         ChangelogRecord::Tombstone { id } => chunk.forget(id),
                         ChangelogRecord::Undecodable(what) => skips.push((p, m.offset(), what)),
                     }
@@ -581,9 +591,9 @@ impl Restorer {
 /// What one changelog record says about the store.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ChangelogRecord<'m> {
-    /// The id (the key) was seen at `time` (the value: 8 bytes, big endian), as the processor
-    /// writes it.
-    Sighting { id: &'m [u8], time: i64 },
+    /// The id (the key) was first seen as the value says ([`Sighting`]: its time and, from
+    /// processors since store format 2, its source), as the processor writes it.
+    Sighting { id: &'m [u8], sighting: Sighting },
     /// A key without a value: forget the id. The processor never writes one; an operator may,
     /// by hand, to make a store rebuilt from the changelog (a restore, a standby) forget an id.
     Tombstone { id: &'m [u8] },
@@ -593,18 +603,22 @@ pub enum ChangelogRecord<'m> {
 }
 
 impl<'m> ChangelogRecord<'m> {
-    pub fn of(key: Option<&'m [u8]>, value: Option<&'m [u8]>) -> Self {
+    /// `known_topic`: a source topic to share instead of allocating it again.
+    pub fn of(
+        key: Option<&'m [u8]>,
+        value: Option<&'m [u8]>,
+        known_topic: Option<&Arc<str>>,
+    ) -> Self {
         let Some(id) = key.filter(|k| !k.is_empty()) else {
             return ChangelogRecord::Undecodable("a record without a key");
         };
         match value {
             None => ChangelogRecord::Tombstone { id },
-            Some(v) => match <[u8; 8]>::try_from(v) {
-                Ok(bytes) => ChangelogRecord::Sighting {
-                    id,
-                    time: i64::from_be_bytes(bytes),
-                },
-                Err(_) => ChangelogRecord::Undecodable("a value that is not an 8-byte time"),
+            Some(v) => match Sighting::decode(v, known_topic) {
+                Some(sighting) => ChangelogRecord::Sighting { id, sighting },
+                None => ChangelogRecord::Undecodable(
+                    "a value that is not a sighting (an 8-byte time, with or without a source)",
+                ),
             },
         }
     }
@@ -627,14 +641,30 @@ mod tests {
     fn sightings_tombstones_and_what_cannot_be_read() {
         let time = 1_750_000_000_123_i64.to_be_bytes();
         assert_eq!(
-            ChangelogRecord::of(Some(b"x"), Some(&time)),
+            ChangelogRecord::of(Some(b"x"), Some(&time), None),
             ChangelogRecord::Sighting {
                 id: b"x",
-                time: 1_750_000_000_123
+                sighting: Sighting::at(1_750_000_000_123)
+            },
+            "a record of a processor before store format 2: no source"
+        );
+        let with_source = Sighting {
+            time: 5,
+            source: Some(crate::store::Source {
+                topic: Arc::from("orders"),
+                partition: 2,
+                offset: 99,
+            }),
+        };
+        assert_eq!(
+            ChangelogRecord::of(Some(b"x"), Some(&with_source.to_vec()), None),
+            ChangelogRecord::Sighting {
+                id: b"x",
+                sighting: with_source
             }
         );
         assert_eq!(
-            ChangelogRecord::of(Some(b"x"), None),
+            ChangelogRecord::of(Some(b"x"), None, None),
             ChangelogRecord::Tombstone { id: b"x" }
         );
         for (key, value) in [
@@ -645,7 +675,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    ChangelogRecord::of(key, value),
+                    ChangelogRecord::of(key, value, None),
                     ChangelogRecord::Undecodable(_)
                 ),
                 "{key:?} {value:?}"

@@ -2,12 +2,15 @@
 //! stands for the input record it carries (its original key and source in the route stage's
 //! headers, its id as its key), so the dedup stage treats it like an input record.
 
+use std::sync::Arc;
+
 use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 
 use super::Stage;
 use super::delivery::Origin;
 use crate::repartition;
 use crate::shared::now_ms;
+use crate::store::Source;
 use crate::topology;
 
 /// A consumed record as the stages see it. A record of the repartition topic stands for the
@@ -66,6 +69,25 @@ impl<'a> Consumed<'a> {
         }
     }
 
+    /// The input record as the store keeps it for a first sighting; `input_topic` is shared
+    /// when the record came from it (nearly always). `None` only for a repartition record
+    /// whose source header cannot be read (written by something else than a processor).
+    pub fn sighting_source(&self, input_topic: &Arc<str>) -> Option<Source> {
+        let (topic, partition, offset) = match self.carried_source {
+            Some(s) => split_source(s)?,
+            None => (self.topic, self.partition, self.offset),
+        };
+        Some(Source {
+            topic: if topic == &**input_topic {
+                input_topic.clone()
+            } else {
+                Arc::from(topic)
+            },
+            partition,
+            offset,
+        })
+    }
+
     pub fn origin(&self) -> Origin {
         Origin {
             stage: self.stage,
@@ -101,4 +123,12 @@ impl<'a> Consumed<'a> {
             value: Some(id),
         })
     }
+}
+
+/// `topic/partition/offset` (as [`Consumed::source`] writes it) read back; a topic name may
+/// not hold a `/`, but it is read from the right all the same.
+fn split_source(source: &str) -> Option<(&str, i32, i64)> {
+    let (rest, offset) = source.rsplit_once('/')?;
+    let (topic, partition) = rest.rsplit_once('/')?;
+    Some((topic, partition.parse().ok()?, offset.parse().ok()?))
 }

@@ -8,6 +8,7 @@
 //! [`super::tasks`]; what one record does is in [`super::processing`].
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 use streamapp_api::health::TaskHealth;
@@ -80,13 +81,16 @@ impl Task {
 pub(super) struct DedupStage {
     pub tasks: BTreeMap<i32, Task>,
     pub attempts: RecordAttempts,
+    /// The input topic, shared by the sightings that name it as their source.
+    pub input_topic: Arc<str>,
 }
 
 impl DedupStage {
-    pub fn new(max_record_attempts: u32) -> Self {
+    pub fn new(max_record_attempts: u32, input_topic: &str) -> Self {
         DedupStage {
             tasks: BTreeMap::new(),
             attempts: RecordAttempts::new(max_record_attempts),
+            input_topic: Arc::from(input_topic),
         }
     }
 
@@ -181,7 +185,7 @@ mod tests {
 
     /// A stage with an active task on each of `active` and a standby on each of `standby`.
     fn stage(active: &[i32], standby: &[i32]) -> DedupStage {
-        let mut stage = DedupStage::new(3);
+        let mut stage = DedupStage::new(3, "in");
         for (&p, phase) in active
             .iter()
             .map(|p| (p, Phase::Active))

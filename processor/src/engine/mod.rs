@@ -345,7 +345,7 @@ impl Engine {
             )?),
         };
         let engine = Arc::new(Mutex::new(Engine {
-            dedup: DedupStage::new(cfg.topology.max_record_attempts),
+            dedup: DedupStage::new(cfg.topology.max_record_attempts, &cfg.topology.input_topic),
             routes: RouteStage::new(cfg.topology.max_record_attempts),
             cfg: cfg.clone(),
             txn,

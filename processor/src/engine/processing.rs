@@ -18,7 +18,7 @@ use crate::faults::FAULT_HEADER;
 use crate::lifecycle::Event;
 use crate::record_attempts::{FailureKind, Failures, RecordAttempts, Verdict};
 use crate::shared::now_ms;
-use crate::store::StoreError;
+use crate::store::{MAX_ENCODED, Sighting, StoreError};
 use crate::topology::{self, RecordView, Rejection};
 
 /// Longest part of an error message put into a dead letter's header.
@@ -201,14 +201,10 @@ impl Engine {
         }
         let origin = record.origin();
         let task = self.dedup.tasks.get_mut(&p).expect("task exists");
+        let store = task.store.as_ref().expect("an active task has its store");
         let first_seen = match task.staged.puts.get(&id) {
-            Some(t) => Some(*t),
-            None => task
-                .store
-                .as_ref()
-                .expect("an active task has its store")
-                .first_seen(&id)
-                .map_err(RecordError::Store)?,
+            Some(held) => Some(held.time),
+            None => store.first_seen(&id).map_err(RecordError::Store)?,
         };
         if topology::is_duplicate(
             first_seen,
@@ -234,18 +230,34 @@ impl Engine {
         // every staged put is newer than what the store holds and the apply after the commit
         // need not read it again.
         let kept = topology::kept_sighting(first_seen, record.time);
-        if kept == record.time {
-            task.staged.put(&id, kept);
-        }
+        let sighting = if kept == record.time {
+            let sighting = Sighting {
+                time: kept,
+                source: record.sighting_source(&self.dedup.input_topic),
+            };
+            task.staged.put_sighting(&id, sighting.clone());
+            sighting
+        } else {
+            // Rare: the kept sighting is the one held (staged or in the store), source and all.
+            match task.staged.puts.get(&id) {
+                Some(held) => held.clone(),
+                None => store
+                    .sighting(&id, Some(&self.dedup.input_topic))
+                    .map_err(RecordError::Store)?
+                    .unwrap_or(Sighting::at(kept)),
+            }
+        };
         // The changelog says what the store keeps, not the record's own time: compaction
         // keeps only an id's last changelog record, and a store rebuilt from it (a new pod, a
-        // standby, a quarantine) must decide as this one does.
+        // standby, a quarantine) must decide as this one does, and name the same source.
+        let mut value = [0u8; MAX_ENCODED];
+        let len = sighting.encode(&mut value);
         self.txn.send(
             Outgoing {
                 topic: &self.cfg.changelog_topic,
                 partition: Some(p),
                 key: Some(&id),
-                value: Some(&kept.to_be_bytes()),
+                value: Some(&value[..len]),
                 headers: OwnedHeaders::new(),
                 timestamp: None,
             },

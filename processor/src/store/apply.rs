@@ -1,6 +1,6 @@
-//! How committed writes reach RocksDB: one atomic batch per apply (the data, the offsets it
-//! reflects and a bounded chunk of expiry), written either on the caller's thread or on a
-//! thread of its own while the engine goes on processing ([`Applying`]).
+//! How committed writes reach RocksDB: one atomic batch per apply (the data and the offsets it
+//! reflects), written either on the caller's thread or on a thread of its own while the engine
+//! goes on processing ([`Applying`]).
 //!
 //! A background apply is the "committed, not yet written" layer: the store answers lookups
 //! from it until the batch is written, so the next transaction decides against exactly what
@@ -10,14 +10,15 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::thread::JoinHandle;
 
-use rocksdb::{DB, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
+use rocksdb::{DB, DBPinnableSlice, ReadOptions, WriteBatch, WriteOptions};
 
+use super::sighting::{self, MAX_ENCODED, Sighting};
 use super::{
-    EXPIRY_CHUNK, Existing, ID_PREFIX, META_CHANGELOG_OFFSET, META_EXPIRED_THROUGH,
-    META_INPUT_OFFSET, META_STREAM_TIME, Result, Staged, StoreError, StoreMeta, Window, id_key,
-    parse_time_key, time_key,
+    Existing, ID_PREFIX, META_CHANGELOG_OFFSET, META_INPUT_OFFSET, META_STREAM_TIME, Result,
+    Staged, StoreError, StoreMeta, Window, id_key,
 };
 
 /// A store's RocksDB database and how it writes: what a background apply needs to take
@@ -32,13 +33,15 @@ pub(super) struct Database {
     pub(super) wal_enabled: bool,
     /// The read options of every lookup, made once.
     pub(super) lookup: Arc<ReadOptions>,
+    /// The cutoff of the last batch written: the compaction filter drops ids older than it.
+    pub(super) watermark: Arc<AtomicI64>,
 }
 
 /// Ids up to this long are looked up without allocating their key.
 const STACK_KEY: usize = 126;
 
-/// What one apply will write, decided before it is written: the metadata it moves to (all
-/// but how far expiry gets) and the cutoff below which ids are outside the window.
+/// What one apply will write, decided before it is written: the metadata it moves to and the
+/// cutoff below which ids are outside the window.
 #[derive(Clone, Debug)]
 pub(super) struct Plan {
     pub(super) meta: StoreMeta,
@@ -82,17 +85,73 @@ impl Database {
         Ok(Some(i64::from_be_bytes(bytes)))
     }
 
-    /// First-seen time of `id` as written in RocksDB. The lookup of every record: the key is
-    /// built on the stack (ids up to [`STACK_KEY`] bytes) and the value read in place.
-    pub(super) fn first_seen(&self, id: &[u8]) -> Result<Option<i64>> {
+    /// Whether the store holds no key at all (a new store).
+    pub(super) fn is_empty(&self) -> Result<bool> {
+        match self.db.iterator(rocksdb::IteratorMode::Start).next() {
+            None => Ok(true),
+            Some(Ok(_)) => Ok(false),
+            Some(Err(e)) => Err(StoreError::from_rocksdb(&self.path, e)),
+        }
+    }
+
+    /// Moves the compaction filter's cutoff up to `cutoff` (never down).
+    pub(super) fn raise_watermark(&self, cutoff: Option<i64>) {
+        if let Some(c) = cutoff {
+            self.watermark.fetch_max(c, Ordering::Relaxed);
+        }
+    }
+
+    /// The stored value of `id`, read in place. The lookup of every record: the key is built
+    /// on the stack (ids up to [`STACK_KEY`] bytes).
+    fn get_id(&self, id: &[u8]) -> Result<Option<DBPinnableSlice<'_>>> {
         let mut buf = [0u8; STACK_KEY + ID_PREFIX.len()];
         let len = ID_PREFIX.len() + id.len();
-        if len > buf.len() {
-            return self.get_i64(&id_key(id));
-        }
-        buf[..ID_PREFIX.len()].copy_from_slice(ID_PREFIX);
-        buf[ID_PREFIX.len()..len].copy_from_slice(id);
-        self.get_i64(&buf[..len])
+        let heap;
+        let key = if len > buf.len() {
+            heap = id_key(id);
+            &heap[..]
+        } else {
+            buf[..ID_PREFIX.len()].copy_from_slice(ID_PREFIX);
+            buf[ID_PREFIX.len()..len].copy_from_slice(id);
+            &buf[..len]
+        };
+        self.db
+            .get_pinned_opt(key, &self.lookup)
+            .map_err(|e| StoreError::from_rocksdb(&self.path, e))
+    }
+
+    fn unreadable(&self, id: &[u8]) -> StoreError {
+        StoreError::damaged(
+            &self.path,
+            format!(
+                "the value of id {} is not a sighting",
+                String::from_utf8_lossy(id)
+            ),
+        )
+    }
+
+    /// First-seen time of `id` as written in RocksDB (expired or not).
+    pub(super) fn first_seen(&self, id: &[u8]) -> Result<Option<i64>> {
+        let Some(value) = self.get_id(id)? else {
+            return Ok(None);
+        };
+        sighting::time_of(&value)
+            .map(Some)
+            .ok_or_else(|| self.unreadable(id))
+    }
+
+    /// The sighting of `id` as written in RocksDB (expired or not).
+    pub(super) fn sighting(
+        &self,
+        id: &[u8],
+        input_topic: Option<&Arc<str>>,
+    ) -> Result<Option<Sighting>> {
+        let Some(value) = self.get_id(id)? else {
+            return Ok(None);
+        };
+        Sighting::decode(&value, input_topic)
+            .map(Some)
+            .ok_or_else(|| self.unreadable(id))
     }
 
     /// The metadata `staged` moves the store from `meta` to, and the window's cutoff after
@@ -122,75 +181,44 @@ impl Database {
         staged: &Staged,
         existing: Existing,
     ) -> Result<StoreMeta> {
-        let Plan { mut meta, cutoff } = plan;
+        let Plan { meta, cutoff } = plan;
         let mut batch = WriteBatch::default();
-        // Expiry first: a put of this batch for an expiring id must win over its delete.
-        if let Some(cutoff) = cutoff
-            && meta.expired_through.is_none_or(|e| e < cutoff)
-        {
-            meta.expired_through =
-                Some(self.expire_into(&mut batch, meta.expired_through, cutoff)?);
-        }
         // Forgotten ids (changelog tombstones) go before the puts: an id put again after its
         // tombstone is in both, and its put must win.
         for id in &staged.forgets {
             batch.delete(id_key(id));
-            // Its expiry index entry stays: expiry deletes an id only when the entry is still
-            // its own, and drops the entry either way.
         }
-        for (id, &time) in &staged.puts {
-            if cutoff.is_some_and(|c| time < c) {
+        let mut value = [0u8; MAX_ENCODED];
+        for (id, sighting) in &staged.puts {
+            if cutoff.is_some_and(|c| sighting.time < c) {
                 continue; // already outside the window: expired on arrival
             }
             if existing == Existing::Check
                 && !staged.forgets.contains(id)
-                && self.first_seen(id)?.is_some_and(|existing| existing > time)
+                && self
+                    .first_seen(id)?
+                    .is_some_and(|existing| existing > sighting.time)
             {
                 continue; // a later put of the same id wins, whatever the order
             }
-            batch.put(id_key(id), time.to_be_bytes());
-            batch.put(time_key(time, id), []);
+            let len = sighting.encode(&mut value);
+            batch.put(id_key(id), &value[..len]);
         }
         for (key, value) in [
             (META_CHANGELOG_OFFSET, meta.changelog_offset),
             (META_INPUT_OFFSET, meta.input_offset),
             (META_STREAM_TIME, meta.stream_time),
-            (META_EXPIRED_THROUGH, meta.expired_through),
         ] {
             if let Some(v) = value {
                 batch.put(key, v.to_be_bytes());
             }
         }
         self.write(batch)?;
+        // Only now may compaction drop what this batch's cutoff leaves behind: a crash before
+        // the write would reopen the store at the previous stream time, whose window still
+        // holds those ids.
+        self.raise_watermark(cutoff);
         Ok(meta)
-    }
-
-    /// Adds deletes for expiry index entries in `[from, cutoff)` and the ids they still own,
-    /// at most [`EXPIRY_CHUNK`] of them. Returns how far expiry got: `cutoff` when it is done,
-    /// otherwise the time of the first entry left (entries before it are gone).
-    fn expire_into(&self, batch: &mut WriteBatch, from: Option<i64>, cutoff: i64) -> Result<i64> {
-        let mut ro = ReadOptions::default();
-        // Start after what was already expired: iterating over old tombstones gets slow.
-        let lower = time_key(from.unwrap_or(i64::MIN), b"");
-        ro.set_iterate_lower_bound(lower.clone());
-        ro.set_iterate_upper_bound(time_key(cutoff, b""));
-        let iter = self
-            .db
-            .iterator_opt(IteratorMode::From(&lower, rocksdb::Direction::Forward), ro);
-        for (removed, item) in iter.enumerate() {
-            let (key, _) = item.map_err(|e| StoreError::from_rocksdb(&self.path, e))?;
-            let (time, id) = parse_time_key(&key)
-                .ok_or_else(|| StoreError::damaged(&self.path, "malformed expiry index key"))?;
-            if removed == EXPIRY_CHUNK {
-                return Ok(time);
-            }
-            batch.delete(&key);
-            // The id may have been seen again later (a newer entry): keep it then.
-            if self.first_seen(id)? == Some(time) {
-                batch.delete(id_key(id));
-            }
-        }
-        Ok(cutoff)
     }
 }
 
@@ -229,10 +257,12 @@ impl Applying {
         })
     }
 
-    /// The time this batch writes for `id`, if it writes one.
-    pub(super) fn first_seen(&self, id: &[u8]) -> Option<i64> {
-        let time = *self.puts.puts.get(id)?;
-        self.cutoff.is_none_or(|c| time >= c).then_some(time)
+    /// The sighting this batch writes for `id`, if it writes one.
+    pub(super) fn sighting(&self, id: &[u8]) -> Option<&Sighting> {
+        let sighting = self.puts.puts.get(id)?;
+        self.cutoff
+            .is_none_or(|c| sighting.time >= c)
+            .then_some(sighting)
     }
 
     /// Waits until the batch is written; the metadata the store is at then.

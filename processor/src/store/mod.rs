@@ -3,29 +3,39 @@
 //! Writes of the open Kafka transaction are staged in memory ([`Staged`]) and reach RocksDB
 //! only through [`TaskStore::apply`], which the engine calls after the transaction committed
 //! (and restore calls with records read from the changelog under read_committed). `apply` writes
-//! the data, the changelog offset it reflects and (a bounded chunk of) the expiry of old ids
-//! in one atomic `WriteBatch`, so after any crash the store is a consistent prefix of the
-//! changelog.
+//! the data and the changelog offset it reflects in one atomic `WriteBatch`, so after any crash
+//! the store is a consistent prefix of the changelog.
+//!
+//! Expiry reads and writes nothing per id: an id whose first sighting is older than the
+//! window's cutoff (stream time − retention) is no longer answered by a lookup, and a
+//! compaction filter drops it when RocksDB rewrites its file (as Kafka Streams drops a whole
+//! window segment). The filter's cutoff is the one of the last batch written, so it never
+//! drops an id a lookup could still answer.
 //!
 //! The store knows which changelog it is a prefix of (topic and partition, written when it is
 //! created): opened for another one, it reports itself damaged instead of being mixed with a
 //! log it never saw.
 //!
-//! Layout (one column family, so one batch is atomic without atomic_flush):
-//! - `i/<id>`        → first-seen record time (i64, big endian)
-//! - `t/<time><id>`  → empty; the expiry index, ordered by time
-//! - `m/<name>`      → metadata: changelog topic and partition, changelog offset, input offset,
-//!   stream time, expired-through
+//! Layout (one column family, so one batch is atomic without atomic_flush), format 2:
+//! - `i/<id>`   → the id's first sighting: record time and source ([`Sighting`])
+//! - `m/<name>` → metadata: format, changelog topic, partition and topic id, changelog offset,
+//!   input offset, stream time, retention
+//!
+//! Format 1 also kept an expiry index (`t/<time><id>`) and how far expiry had got
+//! (`m/expired_through`), and no sources. Opening such a store migrates it in one batch: the
+//! index and that key are deleted, the format becomes 2, and its ids keep their times with
+//! the source unknown.
 
 mod apply;
 mod fault;
 mod options;
+mod sighting;
 mod verify;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rocksdb::{DB, IteratorMode, Options, ReadOptions, WriteBatch};
@@ -34,6 +44,7 @@ use streamapp_api::config::ResolvedRocksDb;
 use apply::{Applying, Database};
 pub use fault::{Fault, Result, StoreError, classify_io, classify_rocksdb};
 pub use options::{MemoryRole, SharedMemory, rocksdb_options};
+pub use sighting::{MAX_ENCODED, Sighting, Source};
 pub use verify::{Verifier, VerifyOutcome};
 
 const META_CHANGELOG_OFFSET: &[u8] = b"m/changelog_offset";
@@ -42,17 +53,15 @@ const META_CHANGELOG_PARTITION: &[u8] = b"m/changelog_partition";
 const META_CHANGELOG_TOPIC_ID: &[u8] = b"m/changelog_topic_id";
 const META_INPUT_OFFSET: &[u8] = b"m/input_offset";
 const META_STREAM_TIME: &[u8] = b"m/stream_time";
-const META_EXPIRED_THROUGH: &[u8] = b"m/expired_through";
+const META_RETENTION: &[u8] = b"m/retention_ms";
 const META_FORMAT: &[u8] = b"m/format";
-const FORMAT_VERSION: &[u8] = b"1";
+const FORMAT_VERSION: &[u8] = b"2";
 const ID_PREFIX: &[u8] = b"i/";
-const TIME_PREFIX: &[u8] = b"t/";
-
-/// Expiry index entries removed by one [`TaskStore::apply`] at most. A jump in stream time
-/// (a long pause, or old data restored) expires the backlog over several batches instead of
-/// one huge one; ids not yet removed are already outside the window for lookups
-/// (see `topology::is_duplicate`), so the lag changes nothing but the store's size.
-pub const EXPIRY_CHUNK: usize = 10_000;
+/// Format 1's expiry index (`t/<time><id>`) and its progress, deleted by the migration.
+const FORMAT_1_INDEX: (&[u8], &[u8]) = (b"t/", b"t0"); // '0' sorts right after '/'
+const FORMAT_1_EXPIRED_THROUGH: &[u8] = b"m/expired_through";
+/// The compaction filter's name (RocksDB records it in the options file).
+const EXPIRY_FILTER: &str = "streamapp-expiry";
 
 /// The changelog partition a store is a prefix of.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +88,20 @@ impl Window {
     fn max_skew_ms(&self) -> i64 {
         self.max_skew.as_millis() as i64
     }
+    /// Ids first seen before this are outside the window at `stream_time`.
+    fn cutoff(&self, stream_time: Option<i64>) -> Option<i64> {
+        cutoff(stream_time, self.retention_ms())
+    }
+}
+
+fn cutoff(stream_time: Option<i64>, retention_ms: i64) -> Option<i64> {
+    stream_time.map(|t| t.saturating_sub(retention_ms))
+}
+
+/// Whether the compaction filter drops a key: an id whose sighting is older than `cutoff`.
+/// Metadata, and anything it cannot read, stay.
+fn expired(key: &[u8], value: &[u8], cutoff: i64) -> bool {
+    key.starts_with(ID_PREFIX) && sighting::time_of(value).is_some_and(|t| t < cutoff)
 }
 
 /// The offsets and clocks a store reflects, stored in the same batches as its data.
@@ -90,8 +113,6 @@ pub struct StoreMeta {
     pub input_offset: Option<i64>,
     /// Largest record time applied (never beyond the wall clock plus the maximum skew).
     pub stream_time: Option<i64>,
-    /// Expiry index entries older than this were removed.
-    pub expired_through: Option<i64>,
 }
 
 /// What [`TaskStore::apply_at`] may assume about the ids it puts.
@@ -106,8 +127,8 @@ pub enum Existing {
 /// Writes of one open transaction (or one restore chunk), not yet in RocksDB.
 #[derive(Clone, Debug, Default)]
 pub struct Staged {
-    /// id → first-seen record time.
-    pub puts: BTreeMap<Vec<u8>, i64>,
+    /// id → its first sighting.
+    pub puts: BTreeMap<Vec<u8>, Sighting>,
     /// Ids to forget (a tombstone in the changelog). An id put after it was forgotten in the
     /// same batch is in both: the put wins and is not compared with what the store held.
     pub forgets: BTreeSet<Vec<u8>>,
@@ -120,11 +141,22 @@ pub struct Staged {
 }
 
 impl Staged {
-    /// Stages a put; an id put twice keeps its latest time (as [`TaskStore::apply`] does).
+    /// Stages a sighting; an id put twice keeps its latest (as [`TaskStore::apply`] does),
+    /// the first of two with the same time.
+    pub fn put_sighting(&mut self, id: &[u8], sighting: Sighting) {
+        self.observe_time(sighting.time);
+        match self.puts.get_mut(id) {
+            Some(held) if held.time >= sighting.time => {}
+            Some(held) => *held = sighting,
+            None => {
+                self.puts.insert(id.to_vec(), sighting);
+            }
+        }
+    }
+
+    /// Stages a sighting whose source is unknown.
     pub fn put(&mut self, id: &[u8], time: i64) {
-        let e = self.puts.entry(id.to_vec()).or_insert(time);
-        *e = (*e).max(time);
-        self.observe_time(time);
+        self.put_sighting(id, Sighting::at(time));
     }
 
     /// Stages forgetting `id`: the store drops what it holds for it, and what this batch put
@@ -207,7 +239,20 @@ impl TaskStore {
                 )
             })?;
         }
-        let opts = rocksdb_options(tuning, memory, role, wal_dir);
+        // What the compaction filter drops below: the cutoff of the last batch written (none
+        // until the store's stream time is read).
+        let watermark = Arc::new(AtomicI64::new(i64::MIN));
+        let mut opts = rocksdb_options(tuning, memory, role, wal_dir);
+        let filter_watermark = watermark.clone();
+        opts.set_compaction_filter(EXPIRY_FILTER, move |_level, key: &[u8], value: &[u8]| {
+            if expired(key, value, filter_watermark.load(Ordering::Relaxed)) {
+                rocksdb::compaction_filter::Decision::Remove
+            } else {
+                rocksdb::compaction_filter::Decision::Keep
+            }
+        });
+        // Files no write overlaps for long are rewritten anyway, so their expired ids go too.
+        opts.set_periodic_compaction_seconds(window.retention.as_secs().clamp(3_600, 30 * 86_400));
         let db = DB::open(&opts, path).map_err(|e| StoreError::from_rocksdb(path, e))?;
         let mut store = TaskStore {
             database: Database {
@@ -217,6 +262,7 @@ impl TaskStore {
                 sync_on_commit: tuning.wal_sync_on_commit,
                 wal_enabled: tuning.wal_enabled,
                 lookup: Arc::new(ReadOptions::default()),
+                watermark,
             },
             closing: Arc::new(AtomicBool::new(false)),
             id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
@@ -227,26 +273,48 @@ impl TaskStore {
             meta: StoreMeta::default(),
             applying: None,
         };
-        let database = &store.database;
-        match database.get_raw(META_FORMAT)? {
-            None => store.put_meta(META_FORMAT, FORMAT_VERSION)?,
-            Some(v) if v == FORMAT_VERSION => {}
-            Some(v) => {
-                return Err(StoreError::damaged(
-                    path,
-                    format!("unknown store format {:?}", String::from_utf8_lossy(&v)),
-                ));
-            }
-        }
+        store.migrate()?;
         store.check_identity(changelog)?;
         let database = &store.database;
         store.meta = StoreMeta {
             changelog_offset: database.get_i64(META_CHANGELOG_OFFSET)?,
             input_offset: database.get_i64(META_INPUT_OFFSET)?,
             stream_time: database.get_i64(META_STREAM_TIME)?,
-            expired_through: database.get_i64(META_EXPIRED_THROUGH)?,
         };
+        if database.get_i64(META_RETENTION)? != Some(window.retention_ms()) {
+            store.put_meta(META_RETENTION, &window.retention_ms().to_be_bytes())?;
+        }
+        store
+            .database
+            .raise_watermark(window.cutoff(store.meta.stream_time));
         Ok(store)
+    }
+
+    /// Brings a store of an earlier format to the current one, in one batch (a crash leaves
+    /// it as it was, and the next open migrates it again). A new store just gets the format.
+    fn migrate(&mut self) -> Result<()> {
+        let database = &self.database;
+        match database.get_raw(META_FORMAT)?.as_deref() {
+            Some(FORMAT_VERSION) => Ok(()),
+            None if database.is_empty()? => self.put_meta(META_FORMAT, FORMAT_VERSION),
+            // No format but data: a store older than format 1 (the same layout).
+            None | Some(b"1") => {
+                let mut batch = WriteBatch::default();
+                batch.delete_range(FORMAT_1_INDEX.0, FORMAT_1_INDEX.1);
+                batch.delete(FORMAT_1_EXPIRED_THROUGH);
+                batch.put(META_FORMAT, FORMAT_VERSION);
+                database.write(batch)?;
+                // The index was about half the store: give its space back now.
+                database
+                    .db
+                    .compact_range(Some(FORMAT_1_INDEX.0), Some(FORMAT_1_INDEX.1));
+                Ok(())
+            }
+            Some(v) => Err(StoreError::damaged(
+                &database.path,
+                format!("unknown store format {:?}", String::from_utf8_lossy(v)),
+            )),
+        }
     }
 
     /// A store records the changelog partition it is a prefix of when it is created (stores
@@ -323,20 +391,48 @@ impl TaskStore {
         &self.meta
     }
 
-    /// First-seen time of `id`, if the store remembers it.
+    /// First-seen time of `id`, if the store remembers it (an id first seen before the
+    /// window's cutoff is not remembered, whether compaction has dropped it yet or not).
     pub fn first_seen(&self, id: &[u8]) -> Result<Option<i64>> {
-        if let Some(time) = self.applying.as_ref().and_then(|a| a.first_seen(id)) {
-            return Ok(Some(time));
+        if let Some(applying) = &self.applying
+            && let Some(sighting) = applying.sighting(id)
+        {
+            return Ok(Some(sighting.time));
         }
-        self.database.first_seen(id)
+        let time = self.database.first_seen(id)?;
+        Ok(time.filter(|&t| self.within_window(t)))
+    }
+
+    /// The sighting of `id` the store remembers, with its source when known. `input_topic`:
+    /// the topic most sources name, shared instead of allocated again.
+    pub fn sighting(&self, id: &[u8], input_topic: Option<&Arc<str>>) -> Result<Option<Sighting>> {
+        if let Some(applying) = &self.applying
+            && let Some(sighting) = applying.sighting(id)
+        {
+            return Ok(Some(sighting.clone()));
+        }
+        let sighting = self.database.sighting(id, input_topic)?;
+        Ok(sighting.filter(|s| self.within_window(s.time)))
+    }
+
+    fn within_window(&self, time: i64) -> bool {
+        self.database
+            .window
+            .cutoff(self.meta.stream_time)
+            .is_none_or(|c| time >= c)
+    }
+
+    /// When an id first seen at `time` stops being remembered (at the latest: stream time
+    /// moves with the records, so it is later when they stop coming).
+    pub fn expires_at(&self, time: i64) -> i64 {
+        time.saturating_add(self.database.window.retention_ms())
     }
 
     /// Applies committed writes, their offsets and the expiry they allow, atomically.
     ///
     /// The result does not depend on how writes are grouped into batches (a transaction while
     /// processing, a chunk while restoring): each id keeps the latest time it was put with,
-    /// and every entry older than the retention before the newest stream time is gone (within
-    /// [`EXPIRY_CHUNK`] entries per call).
+    /// and no id older than the retention before the newest stream time is answered.
     pub fn apply(&mut self, staged: &Staged) -> Result<()> {
         self.apply_at(staged, crate::shared::now_ms(), Existing::Check)
     }
@@ -418,7 +514,20 @@ impl TaskStore {
 
     /// Ids the store remembers (exact count; scans the id range).
     pub fn id_count(&self) -> Result<u64> {
-        count_ids(&self.database.db, &self.database.path)
+        let cutoff = self.database.window.cutoff(self.meta.stream_time);
+        count_ids(&self.database.db, &self.database.path, cutoff)
+    }
+
+    /// Ids held on disk, remembered or past the window and not yet compacted away.
+    pub fn held_ids(&self) -> Result<u64> {
+        count_ids(&self.database.db, &self.database.path, None)
+    }
+
+    /// Compacts the whole store now (expired ids are dropped).
+    pub fn compact(&mut self) -> Result<()> {
+        self.settle()?;
+        self.database.db.compact_range(None::<&[u8]>, None::<&[u8]>);
+        Ok(())
     }
 
     /// RocksDB's estimate of the number of keys (cheap).
@@ -472,7 +581,8 @@ fn hex_id(id: &[u8]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn count_ids(db: &DB, path: &Path) -> Result<u64> {
+/// Ids whose sighting is not older than `cutoff` (all of them without one).
+fn count_ids(db: &DB, path: &Path, cutoff: Option<i64>) -> Result<u64> {
     let mut ro = ReadOptions::default();
     ro.set_iterate_upper_bound(b"i0".to_vec()); // '0' sorts right after '/'
     ro.fill_cache(false);
@@ -481,8 +591,9 @@ fn count_ids(db: &DB, path: &Path) -> Result<u64> {
         IteratorMode::From(ID_PREFIX, rocksdb::Direction::Forward),
         ro,
     ) {
-        item.map_err(|e| StoreError::from_rocksdb(path, e))?;
-        n += 1;
+        let (key, value) = item.map_err(|e| StoreError::from_rocksdb(path, e))?;
+        let expired = cutoff.is_some_and(|c| expired(&key, &value, c));
+        n += u64::from(!expired);
     }
     Ok(n)
 }
@@ -491,26 +602,14 @@ fn id_key(id: &[u8]) -> Vec<u8> {
     [ID_PREFIX, id].concat()
 }
 
-/// `t/` + time with its sign bit flipped (so negative times sort first) + id.
-fn time_key(time: i64, id: &[u8]) -> Vec<u8> {
-    let sortable = (time as u64) ^ (1 << 63);
-    [TIME_PREFIX, &sortable.to_be_bytes(), id].concat()
-}
-
-fn parse_time_key(key: &[u8]) -> Option<(i64, &[u8])> {
-    let rest = key.strip_prefix(TIME_PREFIX)?;
-    let (time, id) = rest.split_at_checked(8)?;
-    let sortable = u64::from_be_bytes(time.try_into().ok()?);
-    Some(((sortable ^ (1 << 63)) as i64, id))
-}
-
 /// What `inspect` reports of a store.
 #[derive(Clone, Debug)]
 pub struct StoreSummary {
     pub meta: StoreMeta,
     /// The changelog partition the store is a prefix of (stores of earlier versions: none).
     pub changelog: Option<(String, i64)>,
-    /// Ids the store remembers (exact: the id range is scanned).
+    /// Ids the store remembers (exact: the id range is scanned; a store that does not record
+    /// its retention counts every id it holds).
     pub ids: u64,
     pub estimated_keys: u64,
     pub sst_bytes: u64,
@@ -540,7 +639,6 @@ fn read_meta(db: &DB) -> (StoreMeta, Option<(String, i64)>) {
         changelog_offset: get(META_CHANGELOG_OFFSET),
         input_offset: get(META_INPUT_OFFSET),
         stream_time: get(META_STREAM_TIME),
-        expired_through: get(META_EXPIRED_THROUGH),
     };
     let changelog_topic = db.get(META_CHANGELOG_TOPIC).ok().flatten();
     let changelog = changelog_topic
@@ -579,10 +677,17 @@ pub fn changelog_offset_on_disk(
 pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<StoreSummary> {
     let db = open_db_read_only(path, wal_dir)?;
     let (meta, changelog) = read_meta(&db);
+    let retention = db
+        .get(META_RETENTION)
+        .ok()
+        .flatten()
+        .and_then(|v| v.as_slice().try_into().ok())
+        .map(i64::from_be_bytes);
+    let cutoff = retention.and_then(|r| cutoff(meta.stream_time, r));
     Ok(StoreSummary {
+        ids: count_ids(&db, path, cutoff)?,
         meta,
         changelog,
-        ids: count_ids(&db, path)?,
         estimated_keys: db
             .property_int_value("rocksdb.estimate-num-keys")
             .ok()

@@ -155,7 +155,6 @@ fn offsets_survive_reopen_with_the_data() {
             changelog_offset: Some(3),
             input_offset: Some(10),
             stream_time: Some(5),
-            expired_through: Some(5 - HOUR.as_millis() as i64)
         }
     );
     assert_eq!(store.first_seen(b"a").unwrap(), Some(5));
@@ -176,6 +175,18 @@ fn ids_older_than_the_retention_expire_as_stream_time_moves() {
     assert_eq!(store.first_seen(b"id-88").unwrap(), None);
     assert_eq!(store.first_seen(b"id-90").unwrap(), Some(9 * hour));
     assert_eq!(store.id_count().unwrap(), 11, "ids 89..=99 remain");
+    assert_eq!(
+        store.held_ids().unwrap(),
+        100,
+        "expiry wrote nothing: the old ids are only past the cutoff"
+    );
+    store.compact().unwrap();
+    assert_eq!(
+        store.held_ids().unwrap(),
+        11,
+        "compaction dropped the expired ids"
+    );
+    assert_eq!(store.first_seen(b"id-89").unwrap(), Some(89 * hour / 10));
 }
 
 #[test]
@@ -362,31 +373,173 @@ fn a_store_missing_an_sst_file_is_damaged() {
 }
 
 #[test]
-fn expiry_of_a_large_backlog_is_spread_over_bounded_batches() {
+fn an_id_past_the_cutoff_is_not_answered_before_compaction_drops_it_nor_after_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
+    let hour = HOUR.as_millis() as i64;
+    let now = 100 * hour;
+    {
+        let mut store = open(dir.path());
+        let mut staged = Staged::default();
+        staged.put(b"old", now - 2 * hour);
+        staged.put(b"recent", now - hour / 2);
+        store
+            .apply_at(&staged, now - 2 * hour, Existing::Check)
+            .unwrap();
+        assert_eq!(store.first_seen(b"old").unwrap(), Some(now - 2 * hour));
+        let mut staged = Staged::default();
+        staged.observe_time(now);
+        store.apply_at(&staged, now, Existing::Check).unwrap();
+        assert_eq!(store.first_seen(b"old").unwrap(), None, "past the cutoff");
+        assert_eq!(store.sighting(b"old", None).unwrap(), None);
+        assert_eq!(store.held_ids().unwrap(), 2, "still on disk");
+    }
     let mut store = open(dir.path());
-    let now = 100 * HOUR.as_millis() as i64;
-    let n = 2 * EXPIRY_CHUNK + 500;
-    let mut staged = Staged::default();
-    for i in 0..n {
-        staged.put(
-            format!("old-{i}").as_bytes(),
-            now - 2 * HOUR.as_millis() as i64,
+    assert_eq!(
+        store.first_seen(b"old").unwrap(),
+        None,
+        "after a reopen too"
+    );
+    store.compact().unwrap();
+    assert_eq!(store.held_ids().unwrap(), 1, "gone once compacted");
+    assert_eq!(store.first_seen(b"recent").unwrap(), Some(now - hour / 2));
+}
+
+#[test]
+fn a_sightings_source_is_kept_through_a_background_apply_and_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let input: std::sync::Arc<str> = "orders".into();
+    let sighting = Sighting {
+        time: 1_000,
+        source: Some(Source {
+            topic: input.clone(),
+            partition: 3,
+            offset: 77,
+        }),
+    };
+    {
+        let mut store = open(dir.path());
+        let mut staged = Staged::default();
+        staged.put_sighting(b"cmd-1", sighting.clone());
+        store.apply_decided(staged).unwrap();
+        assert_eq!(
+            store.sighting(b"cmd-1", Some(&input)).unwrap(),
+            Some(sighting.clone()),
+            "while it is being written"
+        );
+        store.settle().unwrap();
+        assert_eq!(
+            store.sighting(b"cmd-1", Some(&input)).unwrap(),
+            Some(sighting.clone())
         );
     }
-    store.apply_at(&staged, now, Existing::Check).unwrap();
-    assert_eq!(store.id_count().unwrap(), n as u64);
-    // Stream time moves past them all: each apply removes one chunk.
-    for left in [n - EXPIRY_CHUNK, n - 2 * EXPIRY_CHUNK, 0] {
-        let mut staged = Staged::default();
-        staged.put(b"new", now);
-        store.apply_at(&staged, now, Existing::Check).unwrap();
-        assert_eq!(store.id_count().unwrap() - 1, left as u64);
-    }
+    let store = open(dir.path());
+    let read = store.sighting(b"cmd-1", Some(&input)).unwrap().unwrap();
+    assert_eq!(read, sighting);
+    assert!(std::sync::Arc::ptr_eq(&read.source.unwrap().topic, &input));
+}
+
+#[test]
+fn a_later_sighting_wins_in_a_batch_and_the_first_of_two_at_the_same_time() {
+    let at = |offset| Sighting {
+        time: 5,
+        source: Some(Source {
+            topic: "in".into(),
+            partition: 0,
+            offset,
+        }),
+    };
+    let mut staged = Staged::default();
+    staged.put_sighting(b"x", at(1));
+    staged.put_sighting(b"x", at(2));
+    assert_eq!(staged.puts[&b"x"[..]], at(1), "same time: the first stays");
+    staged.put_sighting(b"x", Sighting { time: 6, ..at(3) });
+    assert_eq!(staged.puts[&b"x"[..]].time, 6);
+    staged.put_sighting(b"x", at(4));
     assert_eq!(
-        store.meta().expired_through,
-        Some(now - HOUR.as_millis() as i64)
+        staged.puts[&b"x"[..]].time,
+        6,
+        "an older one does not replace it"
     );
+}
+
+/// Writes a store as format 1 did: sightings of 8 bytes, an expiry index, and how far expiry
+/// got, beside the metadata both formats share.
+fn write_format_1_store(dir: &Path, ids: &[(&[u8], i64)]) {
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    let db = DB::open(&opts, dir).unwrap();
+    let ident = changelog(0);
+    db.put(META_FORMAT, b"1").unwrap();
+    db.put(META_CHANGELOG_TOPIC, ident.topic.as_bytes())
+        .unwrap();
+    db.put(META_CHANGELOG_PARTITION, 0i64.to_be_bytes())
+        .unwrap();
+    db.put(META_CHANGELOG_OFFSET, 40i64.to_be_bytes()).unwrap();
+    db.put(META_STREAM_TIME, 9_000i64.to_be_bytes()).unwrap();
+    db.put(FORMAT_1_EXPIRED_THROUGH, 0i64.to_be_bytes())
+        .unwrap();
+    for &(id, time) in ids {
+        db.put([ID_PREFIX, id].concat(), time.to_be_bytes())
+            .unwrap();
+        let sortable = ((time as u64) ^ (1 << 63)).to_be_bytes();
+        db.put([FORMAT_1_INDEX.0, &sortable, id].concat(), [])
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_format_1_store_is_migrated_on_open_keeping_its_ids_and_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    write_format_1_store(dir.path(), &[(b"a", 5_000), (b"b", 8_000)]);
+    {
+        let store = open(dir.path());
+        assert_eq!(store.meta().changelog_offset, Some(40));
+        assert_eq!(store.meta().stream_time, Some(9_000));
+        assert_eq!(store.first_seen(b"a").unwrap(), Some(5_000));
+        assert_eq!(
+            store.sighting(b"b", None).unwrap(),
+            Some(Sighting::at(8_000)),
+            "a migrated id's source is unknown"
+        );
+        assert_eq!(store.id_count().unwrap(), 2);
+    }
+    let db = DB::open_for_read_only(&Options::default(), dir.path(), false).unwrap();
+    assert_eq!(
+        db.get(META_FORMAT).unwrap().as_deref(),
+        Some(FORMAT_VERSION)
+    );
+    assert_eq!(db.get(FORMAT_1_EXPIRED_THROUGH).unwrap(), None);
+    let index: Vec<_> = db
+        .prefix_iterator(FORMAT_1_INDEX.0)
+        .map(|item| item.unwrap().0)
+        .take_while(|key| key.starts_with(FORMAT_1_INDEX.0))
+        .collect();
+    assert!(index.is_empty(), "the expiry index is gone: {index:?}");
+    drop(db);
+    // Opened again: nothing left to migrate, nothing lost.
+    assert_eq!(open(dir.path()).first_seen(b"a").unwrap(), Some(5_000));
+}
+
+#[test]
+fn a_store_of_an_unknown_format_is_damaged_not_migrated() {
+    let dir = tempfile::tempdir().unwrap();
+    write_format_1_store(dir.path(), &[(b"a", 5_000)]);
+    {
+        let db = DB::open(&Options::default(), dir.path()).unwrap();
+        db.put(META_FORMAT, b"3").unwrap();
+    }
+    let e = try_open(dir.path(), &changelog(0)).err().expect("damaged");
+    assert_eq!(e.fault(), Fault::Damaged, "{e}");
+    assert!(e.to_string().contains("unknown store format"), "{e}");
+}
+
+#[test]
+fn the_compaction_filter_drops_only_ids_older_than_its_cutoff() {
+    let at = |t: i64| t.to_be_bytes();
+    assert!(expired(b"i/x", &at(4), 5));
+    assert!(!expired(b"i/x", &at(5), 5));
+    assert!(!expired(b"m/stream_time", &at(4), 5), "metadata stays");
+    assert!(!expired(b"i/x", b"?", 5), "what it cannot read stays");
 }
 
 #[test]
@@ -410,12 +563,4 @@ fn a_record_time_far_in_the_future_moves_stream_time_only_to_the_clock_plus_the_
         Some(now - 1000),
         "an id from a second ago is still remembered"
     );
-}
-
-#[test]
-fn time_keys_sort_by_time_including_negative_times() {
-    let mut keys = [time_key(5, b"a"), time_key(-5, b"a"), time_key(0, b"a")];
-    keys.sort();
-    let times: Vec<_> = keys.iter().map(|k| parse_time_key(k).unwrap().0).collect();
-    assert_eq!(times, [-5, 0, 5]);
 }

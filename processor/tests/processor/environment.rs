@@ -492,10 +492,20 @@ async fn a_store_rebuilt_from_a_compacted_changelog_decides_as_the_live_store_di
         );
         std::thread::sleep(Duration::from_millis(500));
     };
+    let kept = streamapp_processor::store::Sighting::decode(&kept.expect("a value"), None);
+    let source = streamapp_processor::store::Source {
+        topic: app.input.as_str().into(),
+        partition: 0,
+        offset: 0,
+    };
     assert_eq!(
         kept,
-        Some(now.to_be_bytes().to_vec()),
-        "x's last changelog record carries the sighting the store kept"
+        Some(streamapp_processor::store::Sighting {
+            time: now,
+            source: Some(source)
+        }),
+        "x's last changelog record carries the sighting the store kept: the first x's time \
+         and source, not the late one's"
     );
 
     // A new pod with an empty volume rebuilds the store from the compacted changelog.
