@@ -7,6 +7,8 @@
 //!   ConfigMap and the processor reads.
 //! - [`health`]: the health file the processor keeps in its state directory, which the agent
 //!   reads.
+//! - [`lookup`]: the processor's id lookup (`GET /lookup`): its query, its limits and its
+//!   answer, as the processor serves it and `kubectl streamapp lookup` asks it.
 //! - [`probe`]: the processor's local HTTP endpoints and a tiny client for them.
 //! - [`status_values`]: the values of the status fields that are enumerations (phases, task
 //!   states), spelled once for the operator, the agents and the plugin.
@@ -18,6 +20,7 @@ pub mod annotations;
 pub mod config;
 pub mod crd;
 pub mod health;
+pub mod lookup;
 pub mod probe;
 pub mod state_volume;
 pub mod status_values;

@@ -1,22 +1,23 @@
-//! The processor's HTTP endpoints: `/metrics`, `/healthz`, `/readyz`, `/health` and
-//! `POST /drain`.
+//! The processor's HTTP endpoints: `/metrics`, `/healthz`, `/readyz`, `/health`,
+//! `/lookup` (read-only, [`crate::lookup`]) and `POST /drain`.
 //!
 //! The drain endpoint stops processing, so it only answers callers on the loopback interface
 //! (the preStop hook runs `streamapp-processor drain` inside the pod) or callers presenting
 //! the token in `STREAMAPP_DRAIN_TOKEN` as a bearer token.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{ConnectInfo, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use prometheus_client::registry::Registry;
 use streamapp_api::probe;
 
+use crate::lookup;
 use crate::shared::{DrainOutcome, Shared};
 
 #[derive(Clone)]
@@ -26,6 +27,7 @@ struct AppState {
     drain_token: Option<String>,
     drain_timeout: Duration,
     liveness_timeout: Duration,
+    lookup: Arc<OnceLock<lookup::Settings>>,
 }
 
 /// How the endpoints behave.
@@ -35,6 +37,9 @@ pub struct HttpOptions {
     pub drain_timeout: Duration,
     /// `/healthz` fails once the loop made no progress for this long.
     pub liveness_timeout: Duration,
+    /// What `/lookup` answers with, set once the topics are checked (until then it answers
+    /// 503).
+    pub lookup: Arc<OnceLock<lookup::Settings>>,
 }
 
 pub async fn serve(
@@ -49,12 +54,14 @@ pub async fn serve(
         .route(probe::READYZ, get(ready))
         .route(probe::HEALTH, get(health))
         .route(probe::DRAIN, post(drain))
+        .route(streamapp_api::lookup::PATH, get(look_up))
         .with_state(AppState {
             shared,
             registry,
             drain_token: options.drain_token,
             drain_timeout: options.drain_timeout,
             liveness_timeout: options.liveness_timeout,
+            lookup: options.lookup,
         });
     axum::serve(
         listener,
@@ -96,6 +103,40 @@ async fn ready(State(s): State<AppState>) -> impl IntoResponse {
 
 async fn health(State(s): State<AppState>) -> impl IntoResponse {
     axum::Json(s.shared.health())
+}
+
+async fn look_up(State(s): State<AppState>, RawQuery(query): RawQuery) -> axum::response::Response {
+    let ids = match streamapp_api::lookup::parse_query(query.as_deref()) {
+        Ok(ids) => ids,
+        Err(refusal) => return (StatusCode::BAD_REQUEST, refusal.to_string()).into_response(),
+    };
+    let Some(settings) = s.lookup.get().cloned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting: the topics are not checked yet",
+        )
+            .into_response();
+    };
+    let tasks = s.shared.health().tasks;
+    let shared = s.shared.clone();
+    // Point lookups in RocksDB: blocking, bounded by the number of ids.
+    let answered = tokio::task::spawn_blocking(move || {
+        lookup::answer(&ids, &settings, &shared.open_stores, &tasks)
+    })
+    .await;
+    match answered {
+        Ok(Ok(answer)) => axum::Json(answer).into_response(),
+        Ok(Err(e)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading a store: {e}"),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the lookup failed: {e}"),
+        )
+            .into_response(),
+    }
 }
 
 async fn drain(

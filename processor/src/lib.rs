@@ -12,6 +12,7 @@ pub mod internal_topic;
 pub mod json_pointer;
 pub mod kafka_errors;
 pub mod lifecycle;
+pub mod lookup;
 pub mod metrics;
 pub mod open_transactions;
 pub mod probes;

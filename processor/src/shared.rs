@@ -16,6 +16,7 @@ use streamapp_api::state_volume::StateDir;
 use tokio::sync::watch;
 
 use crate::health_file::HealthFileWriter;
+use crate::store::OpenStores;
 
 /// How often the health file is rewritten at most, unless the phase changes.
 const HEALTH_FILE_INTERVAL: Duration = Duration::from_secs(1);
@@ -29,6 +30,8 @@ pub enum DrainOutcome {
 
 pub struct Shared {
     pub state_dir: StateDir,
+    /// The stores open in this process, for the lookup endpoint.
+    pub open_stores: OpenStores,
     health: Mutex<Report>,
     ready: AtomicBool,
     drain_requested: AtomicBool,
@@ -80,6 +83,7 @@ impl Shared {
             progress_ms: (0..threads).map(|_| AtomicU64::new(0)).collect(),
             health_file: HealthFileWriter::start(state_dir.health_file()),
             state_dir,
+            open_stores: OpenStores::default(),
             store_claims: Mutex::new(BTreeMap::new()),
         }
     }

@@ -40,7 +40,9 @@ use tracing::info;
 
 use crate::faults::OpenFault;
 use crate::restore::{RestoreError, Restorer, Skipped, Step};
-use crate::store::{ChangelogIdentity, MemoryRole, SharedMemory, StoreError, TaskStore, Window};
+use crate::store::{
+    ChangelogIdentity, MemoryRole, OpenStores, SharedMemory, StoreError, TaskStore, Window,
+};
 
 /// Changelog records restored per step, over all partitions, before requests are served again.
 const STEP_RECORDS: usize = 50_000;
@@ -97,6 +99,8 @@ pub struct StoreOpener {
     pub window: Window,
     pub changelog_topic: String,
     pub changelog_topic_id: Option<[u8; 16]>,
+    /// Where every store opened is registered for lookups.
+    pub open_stores: OpenStores,
 }
 
 impl StoreOpener {
@@ -109,7 +113,7 @@ impl StoreOpener {
     ) -> Result<TaskStore, StoreError> {
         let path = self.state.store_dir(partition);
         fault.before_open(partition, &path)?;
-        TaskStore::open(
+        let mut store = TaskStore::open(
             &path,
             self.state.wal_dir(partition).as_deref(),
             &self.rocksdb,
@@ -121,7 +125,9 @@ impl StoreOpener {
                 partition,
                 topic_id: self.changelog_topic_id,
             },
-        )
+        )?;
+        self.open_stores.register(partition, &mut store);
+        Ok(store)
     }
 
     /// Opens the store of `partition` from disk, and says how it was found there (before the

@@ -318,6 +318,7 @@ impl Engine {
             },
             changelog_topic: cfg.changelog_topic.clone(),
             changelog_topic_id: cfg.changelog_topic_id,
+            open_stores: shared.open_stores.clone(),
         };
         let updater = StateUpdater::start(&cfg.client, &cfg.changelog_topic)
             .map_err(|e| fatal("creating the restore consumer", e))?

@@ -12,7 +12,7 @@ mod topic_checks;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use streamapp_api::config::ResolvedConfig;
@@ -23,7 +23,7 @@ use streamapp_processor::faults::Faults;
 use streamapp_processor::metrics::Metrics;
 use streamapp_processor::shared::{Shared, now_ms};
 use streamapp_processor::store::SharedMemory;
-use streamapp_processor::{http, quarantine, workers};
+use streamapp_processor::{http, lookup, quarantine, workers};
 use tokio::runtime::Runtime;
 use tracing::{error, info, warn};
 
@@ -117,6 +117,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
         };
     shared.beat_all();
+    let lookup = Arc::new(OnceLock::new());
     runtime.spawn(http::serve(
         listener,
         shared.clone(),
@@ -125,6 +126,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             drain_token: args.drain_token.clone(),
             drain_timeout: config.drain_timeout,
             liveness_timeout: config.liveness_timeout,
+            lookup: lookup.clone(),
         },
     ));
     runtime.spawn(drain_on_signal(shared.clone()));
@@ -147,6 +149,15 @@ pub fn run(args: RunArgs) -> ExitCode {
             });
         }
     };
+    let _ = lookup.set(lookup::Settings {
+        pod: args.pod_name.clone(),
+        retention_ms: config.topology.retention.as_millis() as i64,
+        input_topic: config.topology.input_topic.as_str().into(),
+        route_partitions: config
+            .repartition_topic
+            .is_some()
+            .then_some(checked.input_partitions),
+    });
     let engine_config = EngineConfig::new(
         &config,
         &args.pod_name,

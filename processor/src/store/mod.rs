@@ -28,6 +28,7 @@
 
 mod apply;
 mod fault;
+mod open_stores;
 mod options;
 mod sighting;
 mod verify;
@@ -43,6 +44,7 @@ use streamapp_api::config::ResolvedRocksDb;
 
 use apply::{Applying, Database};
 pub use fault::{Fault, Result, StoreError, classify_io, classify_rocksdb};
+pub use open_stores::{Held, OpenStores};
 pub use options::{MemoryRole, SharedMemory, rocksdb_options};
 pub use sighting::{MAX_ENCODED, Sighting, Source};
 pub use verify::{Verifier, VerifyOutcome};
@@ -211,6 +213,8 @@ pub struct TaskStore {
     /// What the store reflects once a background apply is written.
     meta: StoreMeta,
     applying: Option<Applying>,
+    /// Its place among the stores lookups read ([`OpenStores::register`]), if it has one.
+    registration: Option<open_stores::Registration>,
 }
 
 impl TaskStore {
@@ -272,6 +276,7 @@ impl TaskStore {
             role,
             meta: StoreMeta::default(),
             applying: None,
+            registration: None,
         };
         store.migrate()?;
         store.check_identity(changelog)?;
@@ -702,4 +707,4 @@ pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<StoreSummar
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

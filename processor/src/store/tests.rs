@@ -7,7 +7,7 @@ const WINDOW: Window = Window {
     max_skew: Duration::from_secs(300),
 };
 
-pub(super) fn changelog(partition: i32) -> ChangelogIdentity {
+pub(crate) fn changelog(partition: i32) -> ChangelogIdentity {
     ChangelogIdentity {
         topic: "app-dedup-changelog".into(),
         partition,
@@ -15,7 +15,7 @@ pub(super) fn changelog(partition: i32) -> ChangelogIdentity {
     }
 }
 
-pub(super) fn try_open(dir: &Path, changelog: &ChangelogIdentity) -> Result<TaskStore> {
+pub(crate) fn try_open(dir: &Path, changelog: &ChangelogIdentity) -> Result<TaskStore> {
     let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
     TaskStore::open(
         dir,
