@@ -179,7 +179,11 @@ mod tests {
             .apply_at(&staged, now, crate::store::Existing::Check)
             .unwrap();
         assert!(stores.look_up(0, b"x", None).unwrap().unwrap().expired);
-        assert_eq!(store.first_seen(b"x").unwrap(), None, "as the engine sees it");
+        assert_eq!(
+            store.first_seen(b"x").unwrap(),
+            None,
+            "as the engine sees it"
+        );
         store.compact().unwrap();
         assert_eq!(stores.look_up(0, b"x", None).unwrap(), None);
     }

@@ -9,6 +9,7 @@ mod environment;
 mod faults;
 mod group;
 mod limits;
+mod lookup;
 mod pipeline;
 mod probes;
 mod repartition;
