@@ -5,6 +5,9 @@
 //!   operator and, per pod, by the agents).
 //! - [`config`]: the processor's configuration file, which the operator renders into a
 //!   ConfigMap and the processor reads.
+//! - [`dead_letters`]: the processor's dead-letter listing (`GET /dead-letters`): its query,
+//!   its limits and its answer, as the processor serves it and `kubectl streamapp
+//!   dead-letters` asks it.
 //! - [`health`]: the health file the processor keeps in its state directory, which the agent
 //!   reads.
 //! - [`lookup`]: the processor's id lookup (`GET /lookup`): its query, its limits and its
@@ -19,6 +22,7 @@
 pub mod annotations;
 pub mod config;
 pub mod crd;
+pub mod dead_letters;
 pub mod health;
 pub mod lookup;
 pub mod probe;

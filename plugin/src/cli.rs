@@ -8,6 +8,7 @@ Examples:
   kubectl streamapp status orders -n prod --watch # redraw as the status changes
   kubectl streamapp status -A -o json
   kubectl streamapp inspect orders-0 -n prod      # the processor's view of its state volume
+  kubectl streamapp lookup orders cmd-1234 -n prod # was it processed, when, from where
   kubectl streamapp drain orders-1 -n prod        # hand its partitions over cleanly
   kubectl streamapp pause orders -n prod
   kubectl streamapp resume orders -n prod
@@ -56,6 +57,18 @@ pub enum Command {
     /// Runs `streamapp-processor inspect` in the pod's processor container (kubectl exec):
     /// tasks, stored offsets, checkpoints, WAL files, quarantines.
     Inspect { pod: String },
+    /// Was an id processed? Asks the app's running pods what their stores hold about each id
+    /// (first seen, expiry, the first occurrence's input record), through the API server's
+    /// pod proxy (RBAC: `get` on `pods/proxy`).
+    Lookup {
+        /// The StreamApp.
+        name: String,
+        /// The dedup ids (at most 100).
+        #[arg(required = true)]
+        ids: Vec<String>,
+        #[arg(short, long, value_enum, default_value = "text")]
+        output: Output,
+    },
     /// Deletes the pod with its grace period: the kubelet runs the preStop drain (finish the
     /// transaction, flush, checkpoint) and the StatefulSet starts it again.
     Drain { pod: String },

@@ -51,6 +51,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             watch,
         } => status(&client, &ns, name.as_deref(), all_namespaces, output, watch).await,
         Command::Inspect { pod } => inspect(&client, &ns, &pod).await,
+        Command::Lookup { name, ids, output } => lookup(&client, &ns, &name, &ids, output).await,
         Command::Drain { pod } => drain(&client, &ns, &pod).await,
         Command::Pause { name } => change(&client, &ns, &name, actions::pause(&ns, &name)).await,
         Command::Resume { name } => change(&client, &ns, &name, actions::resume(&ns, &name)).await,
@@ -211,6 +212,81 @@ async fn pod_of_app(client: &Client, ns: &str, pod: &str) -> Result<(Pod, String
         bail!("pod {ns}/{pod} is not a StreamApp pod (no streamapp.dev/app label)");
     };
     Ok((p, app))
+}
+
+/// Asks every running pod of the app (see [`crate::lookup`]) and prints the merged answers.
+async fn lookup(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    ids: &[String],
+    output: Output,
+) -> Result<()> {
+    // The processor's own limits, before anything is asked.
+    let query = streamapp_api::lookup::query(ids);
+    streamapp_api::lookup::parse_query(Some(&query)).map_err(|r| anyhow::anyhow!("{r}"))?;
+    get_app(client, ns, name).await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("streamapp.dev/app={name}")))
+        .await
+        .map_err(|e| anyhow::anyhow!(explain(&e, "list", "pods", ns, None)))?
+        .items;
+    let running: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .collect();
+    if running.is_empty() {
+        bail!("no running pod of {ns}/{name} to ask (kubectl streamapp status {name} -n {ns})");
+    }
+    let asked = running.iter().map(|pod| async {
+        let pod_name = pod.name_any();
+        let answer = ask_pod(client, ns, pod, &query).await;
+        (pod_name, answer)
+    });
+    let answers = futures::future::join_all(asked).await;
+    if let Some((_, Err(why))) = answers.iter().find(|(_, a)| a.is_err())
+        && answers.iter().all(|(_, a)| a.is_err())
+    {
+        bail!("no pod of {ns}/{name} answered: {why}");
+    }
+    let rows = crate::lookup::merge(ids, &answers);
+    match output {
+        Output::Text => print!("{}", crate::lookup::table(&rows, &answers)),
+        Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&rows)?),
+    }
+    Ok(())
+}
+
+/// `GET /lookup` on the pod's processor, through the API server's pod proxy.
+async fn ask_pod(
+    client: &Client,
+    ns: &str,
+    pod: &Pod,
+    query: &str,
+) -> std::result::Result<streamapp_api::lookup::Answer, String> {
+    let name = pod.name_any();
+    let port = pod
+        .spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some("http"))
+        .map(|p| p.container_port)
+        .ok_or_else(|| format!("pod {name} has no port named http"))?;
+    let path = format!(
+        "/api/v1/namespaces/{ns}/pods/{name}:{port}/proxy{}?{query}",
+        streamapp_api::lookup::PATH
+    );
+    let request = http::Request::get(path)
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    let text = client
+        .request_text(request)
+        .await
+        .map_err(|e| explain(&e, "get", "pods/proxy", ns, Some(&name)))?;
+    serde_json::from_str(&text)
+        .map_err(|e| format!("pod {name} answered something else than a lookup: {e}"))
 }
 
 async fn drain(client: &Client, ns: &str, pod: &str) -> Result<()> {

@@ -11,4 +11,5 @@ pub mod cli;
 pub mod commands;
 pub mod completion;
 pub mod errors;
+pub mod lookup;
 pub mod render;

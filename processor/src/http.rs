@@ -1,5 +1,6 @@
-//! The processor's HTTP endpoints: `/metrics`, `/healthz`, `/readyz`, `/health`,
-//! `/lookup` (read-only, [`crate::lookup`]) and `POST /drain`.
+//! The processor's HTTP endpoints: `/metrics`, `/healthz`, `/readyz`, `/health`, the
+//! read-only queries `/lookup` ([`crate::lookup`]) and `/dead-letters`
+//! ([`crate::dead_letters`]), and `POST /drain`.
 //!
 //! The drain endpoint stops processing, so it only answers callers on the loopback interface
 //! (the preStop hook runs `streamapp-processor drain` inside the pod) or callers presenting
@@ -17,8 +18,8 @@ use axum::routing::{get, post};
 use prometheus_client::registry::Registry;
 use streamapp_api::probe;
 
-use crate::lookup;
 use crate::shared::{DrainOutcome, Shared};
+use crate::{dead_letters, lookup};
 
 #[derive(Clone)]
 struct AppState {
@@ -27,7 +28,13 @@ struct AppState {
     drain_token: Option<String>,
     drain_timeout: Duration,
     liveness_timeout: Duration,
-    lookup: Arc<OnceLock<lookup::Settings>>,
+    queries: Arc<OnceLock<Queries>>,
+}
+
+/// What the read-only queries need of the app, known once its topics are checked.
+pub struct Queries {
+    pub lookup: lookup::Settings,
+    pub dead_letters: dead_letters::Settings,
 }
 
 /// How the endpoints behave.
@@ -37,9 +44,9 @@ pub struct HttpOptions {
     pub drain_timeout: Duration,
     /// `/healthz` fails once the loop made no progress for this long.
     pub liveness_timeout: Duration,
-    /// What `/lookup` answers with, set once the topics are checked (until then it answers
-    /// 503).
-    pub lookup: Arc<OnceLock<lookup::Settings>>,
+    /// What `/lookup` and `/dead-letters` answer with, set once the topics are checked (until
+    /// then they answer 503).
+    pub queries: Arc<OnceLock<Queries>>,
 }
 
 pub async fn serve(
@@ -55,13 +62,14 @@ pub async fn serve(
         .route(probe::HEALTH, get(health))
         .route(probe::DRAIN, post(drain))
         .route(streamapp_api::lookup::PATH, get(look_up))
+        .route(streamapp_api::dead_letters::PATH, get(list_dead_letters))
         .with_state(AppState {
             shared,
             registry,
             drain_token: options.drain_token,
             drain_timeout: options.drain_timeout,
             liveness_timeout: options.liveness_timeout,
-            lookup: options.lookup,
+            queries: options.queries,
         });
     axum::serve(
         listener,
@@ -110,12 +118,8 @@ async fn look_up(State(s): State<AppState>, RawQuery(query): RawQuery) -> axum::
         Ok(ids) => ids,
         Err(refusal) => return (StatusCode::BAD_REQUEST, refusal.to_string()).into_response(),
     };
-    let Some(settings) = s.lookup.get().cloned() else {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "starting: the topics are not checked yet",
-        )
-            .into_response();
+    let Some(settings) = s.queries.get().map(|q| q.lookup.clone()) else {
+        return starting();
     };
     let tasks = s.shared.health().tasks;
     let shared = s.shared.clone();
@@ -134,6 +138,38 @@ async fn look_up(State(s): State<AppState>, RawQuery(query): RawQuery) -> axum::
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("the lookup failed: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+fn starting() -> axum::response::Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "starting: the topics are not checked yet",
+    )
+        .into_response()
+}
+
+async fn list_dead_letters(
+    State(s): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> axum::response::Response {
+    let query = match streamapp_api::dead_letters::Query::parse(query.as_deref()) {
+        Ok(q) => q,
+        Err(refusal) => return (StatusCode::BAD_REQUEST, refusal.to_string()).into_response(),
+    };
+    let Some(settings) = s.queries.get().map(|q| q.dead_letters.clone()) else {
+        return starting();
+    };
+    // A consumer of its own, reading for seconds at most: off the runtime's threads.
+    let listed = tokio::task::spawn_blocking(move || dead_letters::list(&settings, &query)).await;
+    match listed {
+        Ok(Ok(listing)) => axum::Json(listing).into_response(),
+        Ok(Err(e)) => (StatusCode::BAD_GATEWAY, e).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the listing failed: {e}"),
         )
             .into_response(),
     }

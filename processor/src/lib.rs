@@ -2,6 +2,7 @@
 //! these together, and integration tests reach the pieces they check.
 
 pub mod changelog;
+pub mod dead_letters;
 pub mod engine;
 pub mod faults;
 pub mod group;

@@ -340,6 +340,19 @@ pub fn group_members(group: &str) -> usize {
         .map_or(0, |g| g.members().len())
 }
 
+/// The state of consumer group `group` as its coordinator describes it (`Dead` for a group
+/// it does not know).
+pub fn group_state(group: &str) -> String {
+    let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
+    let list = consumer
+        .fetch_group_list(Some(group), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("describing group {group}: {e}"));
+    list.groups()
+        .iter()
+        .find(|g| g.name() == group)
+        .map_or_else(|| "Dead".to_string(), |g| g.state().to_string())
+}
+
 /// Whether `topic` exists (its metadata lists partitions).
 pub fn topic_exists(topic: &str) -> bool {
     let consumer: BaseConsumer = client_config().create().expect("creating a consumer");

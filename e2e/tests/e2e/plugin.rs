@@ -6,12 +6,22 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use streamapp_api::status_values::DrainRequest;
+use streamapp_api::status_values::{DrainRequest, PodPhase};
 use streamapp_e2e::{APP, READY_TIMEOUT, Scenario, Sent, pod_name};
 
 /// Runs the workspace's `kubectl-streamapp` (built next to this test) with the test bed's
 /// kubeconfig and its kubectl first on PATH (`inspect` runs `kubectl exec`).
 fn plugin(args: &[&str]) -> String {
+    let out = run_plugin(args, &testbed::kube::kubeconfig_path());
+    assert!(
+        out.status.success(),
+        "kubectl-streamapp {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn run_plugin(args: &[&str], kubeconfig: &std::path::Path) -> Output {
     let exe = std::env::current_exe().expect("the test's path");
     let bin: PathBuf = exe
         .parent()
@@ -32,18 +42,33 @@ fn plugin(args: &[&str]) -> String {
         kubectl_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let out: Output = Command::new(&bin)
+    Command::new(&bin)
         .args(args)
-        .env("KUBECONFIG", testbed::kube::kubeconfig_path())
+        .env("KUBECONFIG", kubeconfig)
         .env("PATH", path)
         .output()
-        .expect("running kubectl-streamapp");
-    assert!(
-        out.status.success(),
-        "kubectl-streamapp {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+        .expect("running kubectl-streamapp")
+}
+
+/// `kubectl streamapp lookup -o json` of `ids`: one row per id.
+fn lookup(ns: &str, ids: &[&str]) -> Vec<serde_json::Value> {
+    let mut args = vec!["lookup", APP, "-n", ns, "-o", "json"];
+    args.extend_from_slice(ids);
+    serde_json::from_str(&plugin(&args)).expect("lookup -o json is JSON")
+}
+
+/// (partition, offset) of each input record → its command id.
+fn input_commands(topic: &str) -> std::collections::HashMap<(i64, i64), String> {
+    let mut commands = std::collections::HashMap::new();
+    testbed::kafka::read_all(topic, testbed::kafka::Isolation::ReadCommitted, |m| {
+        use rdkafka::Message;
+        let value: serde_json::Value =
+            serde_json::from_slice(m.payload().unwrap_or_default()).unwrap_or_default();
+        if let Some(id) = value["commandId"].as_str() {
+            commands.insert((i64::from(m.partition()), m.offset()), id.to_string());
+        }
+    });
+    commands
 }
 
 #[tokio::test]
@@ -83,9 +108,87 @@ async fn the_plugin_shows_inspects_and_drains_a_running_streamapp() {
     );
     assert!(inspected.contains("tasks:"), "{inspected}");
 
+    // lookup: every id sent is seen, on both pods, its source the input record that carried
+    // it first; an id never sent is not seen.
+    let sent_ids: Vec<&str> = sent.ids.keys().take(99).map(String::as_str).collect();
+    let mut asked = sent_ids.clone();
+    asked.push("never-sent");
+    let rows = lookup(ns, &asked);
+    let commands = input_commands(&s.topics.input);
+    let mut answered_by = std::collections::BTreeSet::new();
+    for (row, id) in rows.iter().zip(&sent_ids) {
+        assert_eq!(row["id"], *id);
+        assert_eq!(row["verdict"], "seen", "{row}");
+        assert_eq!(row["state"], "Active", "{row}");
+        let source = &row["source"];
+        assert_eq!(source["topic"], s.topics.input.as_str(), "{row}");
+        let at = (
+            source["partition"].as_i64().unwrap(),
+            source["offset"].as_i64().unwrap(),
+        );
+        assert_eq!(commands.get(&at).map(String::as_str), Some(*id), "{row}");
+        answered_by.insert(row["answeredBy"].as_str().unwrap().to_string());
+    }
+    assert_eq!(
+        answered_by,
+        [pod_name(0), pod_name(1)].into(),
+        "ids of both pods' partitions"
+    );
+    assert_eq!(rows.last().unwrap()["verdict"], "notSeen", "{rows:?}");
+    let table = plugin(&["lookup", APP, "-n", ns, sent_ids[0], "never-sent"]);
+    assert!(table.starts_with("ID "), "{table}");
+    assert!(table.contains(" not seen "), "{table}");
+
+    // A user who may read the app and its pods but not use the pods' proxy is told which
+    // verb is missing.
+    let user = "lookup-reader";
+    s.kubectl(&[
+        "create",
+        "role",
+        user,
+        "--verb=get,list",
+        "--resource=streamapps,pods",
+    ]);
+    s.kubectl(&[
+        "create",
+        "rolebinding",
+        user,
+        &format!("--role={user}"),
+        &format!("--user={user}"),
+    ]);
+    let kubeconfig = std::fs::read_to_string(testbed::kube::kubeconfig_path()).unwrap();
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&kubeconfig).unwrap();
+    for u in config["users"].as_sequence_mut().unwrap() {
+        u["user"]["as"] = user.into();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let restricted = dir.path().join("kubeconfig");
+    std::fs::write(&restricted, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let denied = run_plugin(&["lookup", APP, "-n", ns, sent_ids[0]], &restricted);
+    let stderr = String::from_utf8_lossy(&denied.stderr);
+    assert!(!denied.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("not allowed to get pods/proxy/")
+            && stderr.contains("granting 'get' on 'pods/proxy'"),
+        "{stderr}"
+    );
+
     let pod = pod_name(1);
     let said = plugin(&["drain", &pod, "-n", ns]);
     assert!(said.starts_with(&format!("draining {ns}/{pod}")), "{said}");
+    // While the drained pod's partition moves, no lookup says a processed id was not seen:
+    // it is answered by whoever holds the partition as its active, or "unknown".
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        for row in lookup(ns, &sent_ids[..20]) {
+            assert_ne!(row["verdict"], "notSeen", "{row}");
+        }
+        let report = s.pod_report(&pod).await;
+        if report.is_some_and(|r| r.phase == Some(PodPhase::Drained)) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{pod} did not drain");
+    }
     let last = s.wait_for_final_report(&pod).await;
     assert_eq!(last.last_shutdown_clean, Some(true), "{last:?}");
     assert_eq!(
@@ -94,6 +197,9 @@ async fn the_plugin_shows_inspects_and_drains_a_running_streamapp() {
         "the kubelet ran the preStop drain: {last:?}"
     );
     s.wait_ready(READY_TIMEOUT).await;
+    for row in lookup(ns, &sent_ids) {
+        assert_eq!(row["verdict"], "seen", "after the move: {row}");
+    }
     sent.produce(&s, 300, 0.3, 0);
     s.assert_exactly_once(&sent);
     s.finish().await;

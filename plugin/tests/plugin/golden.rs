@@ -44,3 +44,81 @@ fn colour_only_when_asked() {
         "{coloured}"
     );
 }
+
+/// Two pods of `orders` asked about five ids; the second pod was restarting.
+fn lookup_answers() -> (
+    Vec<String>,
+    Vec<(String, Result<streamapp_api::lookup::Answer, String>)>,
+) {
+    use streamapp_api::health::TaskState;
+    use streamapp_api::lookup::{Answer, Found, HeldStore, IdAnswer, Source};
+    let t = 1_764_950_400_123;
+    let found = |partition, state, expired, source: bool| Found {
+        partition,
+        state: Some(state),
+        first_seen: t,
+        expires_at: t + 86_400_000,
+        expired,
+        source: source.then(|| Source {
+            topic: "orders".into(),
+            partition,
+            offset: 1234,
+        }),
+    };
+    let entry = |id: &str, partition, found: Vec<Found>| IdAnswer {
+        id: id.into(),
+        partition: Some(partition),
+        found,
+        asked: vec![partition],
+    };
+    let ids = ["cmd-1", "cmd-2", "cmd-3", "cmd-4", "cmd-5"]
+        .map(String::from)
+        .to_vec();
+    let answer = Answer {
+        pod: "orders-0".into(),
+        retention_ms: 86_400_000,
+        stores: vec![
+            HeldStore {
+                partition: 0,
+                state: Some(TaskState::Active),
+            },
+            HeldStore {
+                partition: 1,
+                state: Some(TaskState::Standby),
+            },
+        ],
+        ids: vec![
+            entry("cmd-1", 0, vec![found(0, TaskState::Active, false, true)]),
+            entry("cmd-2", 1, vec![found(1, TaskState::Standby, true, true)]),
+            entry("cmd-3", 0, vec![]),
+            entry("cmd-4", 1, vec![]),
+            entry("cmd-5", 0, vec![found(0, TaskState::Active, false, false)]),
+        ],
+    };
+    let answers = vec![
+        ("orders-0".to_string(), Ok(answer)),
+        (
+            "orders-1".to_string(),
+            Err("could not get pods/proxy/orders-1 in namespace prod: connection refused".into()),
+        ),
+    ];
+    (ids, answers)
+}
+
+#[test]
+fn lookup_as_a_table() {
+    let (ids, answers) = lookup_answers();
+    let rows = kubectl_streamapp::lookup::merge(&ids, &answers);
+    check(
+        "lookup.txt",
+        &kubectl_streamapp::lookup::table(&rows, &answers),
+    );
+}
+
+#[test]
+fn lookup_as_json() {
+    let (ids, answers) = lookup_answers();
+    let rows = kubectl_streamapp::lookup::merge(&ids, &answers);
+    let json = serde_json::to_string_pretty(&rows).unwrap();
+    check("lookup.json", &format!("{json}\n"));
+}

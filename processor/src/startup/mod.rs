@@ -23,7 +23,7 @@ use streamapp_processor::faults::Faults;
 use streamapp_processor::metrics::Metrics;
 use streamapp_processor::shared::{Shared, now_ms};
 use streamapp_processor::store::SharedMemory;
-use streamapp_processor::{http, lookup, quarantine, workers};
+use streamapp_processor::{dead_letters, http, lookup, quarantine, workers};
 use tokio::runtime::Runtime;
 use tracing::{error, info, warn};
 
@@ -117,7 +117,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
         };
     shared.beat_all();
-    let lookup = Arc::new(OnceLock::new());
+    let queries = Arc::new(OnceLock::new());
     runtime.spawn(http::serve(
         listener,
         shared.clone(),
@@ -126,7 +126,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             drain_token: args.drain_token.clone(),
             drain_timeout: config.drain_timeout,
             liveness_timeout: config.liveness_timeout,
-            lookup: lookup.clone(),
+            queries: queries.clone(),
         },
     ));
     runtime.spawn(drain_on_signal(shared.clone()));
@@ -149,14 +149,21 @@ pub fn run(args: RunArgs) -> ExitCode {
             });
         }
     };
-    let _ = lookup.set(lookup::Settings {
-        pod: args.pod_name.clone(),
-        retention_ms: config.topology.retention.as_millis() as i64,
-        input_topic: config.topology.input_topic.as_str().into(),
-        route_partitions: config
-            .repartition_topic
-            .is_some()
-            .then_some(checked.input_partitions),
+    let _ = queries.set(http::Queries {
+        lookup: lookup::Settings {
+            pod: args.pod_name.clone(),
+            retention_ms: config.topology.retention.as_millis() as i64,
+            input_topic: config.topology.input_topic.as_str().into(),
+            route_partitions: config
+                .repartition_topic
+                .is_some()
+                .then_some(checked.input_partitions),
+        },
+        dead_letters: dead_letters::Settings {
+            pod: args.pod_name.clone(),
+            client: checked.client.clone(),
+            topic: config.topology.dead_letter_topic.clone(),
+        },
     });
     let engine_config = EngineConfig::new(
         &config,

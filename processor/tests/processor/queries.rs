@@ -1,10 +1,13 @@
-//! The id lookup (`GET /lookup`): its answers agree with what the output, duplicates and
-//! dead-letter topics hold, on an active store, on a standby, and on a store rebuilt from the
-//! changelog; an id of a transaction still open is not seen; bad queries are refused.
+//! The read-only queries. The id lookup (`GET /lookup`): its answers agree with what the
+//! output, duplicates and dead-letter topics hold, on an active store, on a standby, and on a
+//! store rebuilt from the changelog; an id of a transaction still open is not seen. The
+//! dead-letter listing (`GET /dead-letters`): each reason, the filters, nothing left behind
+//! in Kafka. Bad queries are refused, saying why.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use streamapp_api::dead_letters::{self, Listing};
 use streamapp_api::health::TaskState;
 use streamapp_api::lookup::{self, Answer, Found};
 use testbed::kafka::{self, Isolation};
@@ -252,4 +255,133 @@ async fn bad_lookups_are_refused_saying_why() {
     let uri = format!("{}?{}", lookup::PATH, ids(10_000));
     assert_eq!(p.get(&uri).map(|(status, _)| status), Some(414));
     assert!(p.is_ready(), "and the processor goes on");
+}
+
+fn list_dead_letters(p: &Processor, query: &dead_letters::Query) -> Listing {
+    let (status, body) = p
+        .get(&format!("{}?{}", dead_letters::PATH, query.to_query()))
+        .expect("/dead-letters answers");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("/dead-letters answers JSON")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_are_listed_with_their_reasons_and_filters_and_leave_nothing_in_kafka() {
+    let _serial = serial().await;
+    let app = App::create(
+        "dead-letters",
+        AppOptions {
+            partitions: 1,
+            dedup_id: serde_json::json!({ "source": "JsonPointer", "jsonPointer": "/id" }),
+            max_value_size: "1k",
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut p = app.start("pod-0");
+    p.wait_ready(MINUTE);
+    let now = now_ms();
+    let raw = |value: &[u8], time| Input {
+        key: Some("k".into()),
+        value: Some(value.to_vec()),
+        time,
+        ..Default::default()
+    };
+    app.produce(&[
+        Input::cmd("fine", now),
+        raw(b"{not json", now),
+        raw(br#"{"no":"id"}"#, now),
+        raw(&vec![b'x'; 2048], now),
+        Input::cmd("future", now + HOUR / 2),
+    ]);
+    app.wait_until_processed(MINUTE);
+    assert_eq!(app.read(&app.dead_letters).len(), 4);
+
+    let all = list_dead_letters(&p, &dead_letters::Query::default());
+    assert!(all.complete, "{all:?}");
+    assert_eq!(all.scanned, 4);
+    assert_eq!(all.topic, app.dead_letters);
+    let reasons: Vec<_> = all
+        .dead_letters
+        .iter()
+        .map(|d| d.reason.clone().unwrap())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "invalid-json",
+            "missing-dedup-id",
+            "value-too-large",
+            "timestamp-too-far-ahead"
+        ],
+        "oldest first"
+    );
+    let json = &all.dead_letters[0];
+    assert_eq!(json.value_prefix.as_deref(), Some("{not json"));
+    assert_eq!(
+        json.source.as_deref(),
+        Some(format!("{}/0/1", app.input).as_str())
+    );
+    assert!(
+        json.error
+            .as_deref()
+            .is_some_and(|e| e.contains("not valid JSON")),
+        "{json:?}"
+    );
+    let large = &all.dead_letters[2];
+    assert_eq!(
+        large.size, 2048,
+        "the original's size: only its metadata was written"
+    );
+    assert_eq!(large.value_prefix, None);
+
+    let only = list_dead_letters(
+        &p,
+        &dead_letters::Query {
+            reason: Some("missing-dedup-id".into()),
+            ..Default::default()
+        },
+    );
+    assert_eq!(only.dead_letters.len(), 1);
+    assert_eq!(only.scanned, 4, "every dead letter read, one matched");
+    let latest = list_dead_letters(
+        &p,
+        &dead_letters::Query {
+            limit: 2,
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        latest
+            .dead_letters
+            .iter()
+            .map(|d| d.offset)
+            .collect::<Vec<_>>(),
+        [2, 3],
+        "the latest two"
+    );
+    let later = list_dead_letters(
+        &p,
+        &dead_letters::Query {
+            since_ms: Some(now_ms() + 60_000),
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        (later.scanned, later.dead_letters.len(), later.complete),
+        (0, 0, true)
+    );
+
+    // The listing's reader joined no group and committed nothing: its group id stays unknown.
+    assert_eq!(
+        testbed::kafka::group_state("streamapp-dead-letters-unused"),
+        "Dead"
+    );
+    for (query, says) in [
+        ("limit=0", "positive count"),
+        ("who=me", "unknown query parameter"),
+    ] {
+        let (status, body) = p.get(&format!("{}?{query}", dead_letters::PATH)).unwrap();
+        assert_eq!((status, body.contains(says)), (400, true), "{body}");
+    }
 }
