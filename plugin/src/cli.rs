@@ -9,6 +9,7 @@ Examples:
   kubectl streamapp status -A -o json
   kubectl streamapp inspect orders-0 -n prod      # the processor's view of its state volume
   kubectl streamapp lookup orders cmd-1234 -n prod # was it processed, when, from where
+  kubectl streamapp dead-letters orders --since 1h --reason invalid-json -n prod
   kubectl streamapp drain orders-1 -n prod        # hand its partitions over cleanly
   kubectl streamapp pause orders -n prod
   kubectl streamapp resume orders -n prod
@@ -66,6 +67,25 @@ pub enum Command {
         /// The dedup ids (at most 100).
         #[arg(required = true)]
         ids: Vec<String>,
+        #[arg(short, long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// The latest dead letters: reason, source record, size and first bytes, read by one of the
+    /// app's pods (read_committed, no consumer group) through the API server's pod proxy
+    /// (RBAC: `get` on `pods/proxy`).
+    DeadLetters {
+        /// The StreamApp.
+        name: String,
+        /// Only those written in this last stretch of time (e.g. 30m, 1h, 7d).
+        #[arg(long)]
+        since: Option<String>,
+        /// Only this reason (missing-dedup-id, invalid-json, value-too-large,
+        /// timestamp-too-far-ahead, ...).
+        #[arg(long)]
+        reason: Option<String>,
+        /// The latest this many (at most 1000).
+        #[arg(long, default_value_t = streamapp_api::dead_letters::DEFAULT_LIMIT)]
+        limit: usize,
         #[arg(short, long, value_enum, default_value = "text")]
         output: Output,
     },

@@ -52,6 +52,18 @@ pub async fn run(cli: Cli) -> Result<()> {
         } => status(&client, &ns, name.as_deref(), all_namespaces, output, watch).await,
         Command::Inspect { pod } => inspect(&client, &ns, &pod).await,
         Command::Lookup { name, ids, output } => lookup(&client, &ns, &name, &ids, output).await,
+        Command::DeadLetters {
+            name,
+            since,
+            reason,
+            limit,
+            output,
+        } => {
+            let now_ms = Timestamp::now().as_millisecond();
+            let query = crate::dead_letters::query(since.as_deref(), reason, limit, now_ms)
+                .map_err(anyhow::Error::msg)?;
+            dead_letters(&client, &ns, &name, &query, output).await
+        }
         Command::Drain { pod } => drain(&client, &ns, &pod).await,
         Command::Pause { name } => change(&client, &ns, &name, actions::pause(&ns, &name)).await,
         Command::Resume { name } => change(&client, &ns, &name, actions::resume(&ns, &name)).await,
@@ -225,23 +237,18 @@ async fn lookup(
     // The processor's own limits, before anything is asked.
     let query = streamapp_api::lookup::query(ids);
     streamapp_api::lookup::parse_query(Some(&query)).map_err(|r| anyhow::anyhow!("{r}"))?;
-    get_app(client, ns, name).await?;
-    let pods = Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(&format!("streamapp.dev/app={name}")))
-        .await
-        .map_err(|e| anyhow::anyhow!(explain(&e, "list", "pods", ns, None)))?
-        .items;
-    let running: Vec<&Pod> = pods
-        .iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .collect();
-    if running.is_empty() {
-        bail!("no running pod of {ns}/{name} to ask (kubectl streamapp status {name} -n {ns})");
-    }
+    let running = running_pods(client, ns, name).await?;
+    let path = format!("{}?{query}", streamapp_api::lookup::PATH);
     let asked = running.iter().map(|pod| async {
-        let pod_name = pod.name_any();
-        let answer = ask_pod(client, ns, pod, &query).await;
-        (pod_name, answer)
+        let answer = proxy_get(client, ns, pod, &path).await.and_then(|text| {
+            serde_json::from_str(&text).map_err(|e| {
+                format!(
+                    "{} answered something else than a lookup: {e}",
+                    pod.name_any()
+                )
+            })
+        });
+        (pod.name_any(), answer)
     });
     let answers = futures::future::join_all(asked).await;
     if let Some((_, Err(why))) = answers.iter().find(|(_, a)| a.is_err())
@@ -258,13 +265,71 @@ async fn lookup(
     Ok(())
 }
 
-/// `GET /lookup` on the pod's processor, through the API server's pod proxy.
-async fn ask_pod(
+/// Asks the app's running pods one after the other until one lists its dead letters.
+async fn dead_letters(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    query: &streamapp_api::dead_letters::Query,
+    output: Output,
+) -> Result<()> {
+    let path = format!("{}?{}", streamapp_api::dead_letters::PATH, query.to_query());
+    let mut failures = Vec::new();
+    for pod in running_pods(client, ns, name).await? {
+        let listing = match proxy_get(client, ns, &pod, &path).await {
+            Ok(text) => serde_json::from_str::<streamapp_api::dead_letters::Listing>(&text)
+                .map_err(|e| {
+                    format!(
+                        "{} answered something else than a listing: {e}",
+                        pod.name_any()
+                    )
+                }),
+            Err(e) => Err(e),
+        };
+        match listing {
+            Ok(listing) => {
+                match output {
+                    Output::Text => print!("{}", crate::dead_letters::table(&listing)),
+                    Output::Json => println!("{}", serde_json::to_string_pretty(&listing)?),
+                    Output::Yaml => print!("{}", serde_yaml::to_string(&listing)?),
+                }
+                return Ok(());
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    bail!(
+        "no pod of {ns}/{name} listed its dead letters: {}",
+        failures.join("; ")
+    )
+}
+
+/// The app's pods that run (after checking the app exists).
+async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<Pod>> {
+    get_app(client, ns, name).await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("streamapp.dev/app={name}")))
+        .await
+        .map_err(|e| anyhow::anyhow!(explain(&e, "list", "pods", ns, None)))?
+        .items;
+    let running: Vec<Pod> = pods
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .collect();
+    if running.is_empty() {
+        bail!("no running pod of {ns}/{name} to ask (kubectl streamapp status {name} -n {ns})");
+    }
+    Ok(running)
+}
+
+/// `GET path` on the pod's processor (its port named `http`), through the API server's pod
+/// proxy: no port-forward, and the user's own RBAC (`get` on `pods/proxy`).
+async fn proxy_get(
     client: &Client,
     ns: &str,
     pod: &Pod,
-    query: &str,
-) -> std::result::Result<streamapp_api::lookup::Answer, String> {
+    path: &str,
+) -> std::result::Result<String, String> {
     let name = pod.name_any();
     let port = pod
         .spec
@@ -274,19 +339,15 @@ async fn ask_pod(
         .find(|p| p.name.as_deref() == Some("http"))
         .map(|p| p.container_port)
         .ok_or_else(|| format!("pod {name} has no port named http"))?;
-    let path = format!(
-        "/api/v1/namespaces/{ns}/pods/{name}:{port}/proxy{}?{query}",
-        streamapp_api::lookup::PATH
-    );
-    let request = http::Request::get(path)
-        .body(Vec::new())
-        .map_err(|e| e.to_string())?;
-    let text = client
+    let request = http::Request::get(format!(
+        "/api/v1/namespaces/{ns}/pods/{name}:{port}/proxy{path}"
+    ))
+    .body(Vec::new())
+    .map_err(|e| e.to_string())?;
+    client
         .request_text(request)
         .await
-        .map_err(|e| explain(&e, "get", "pods/proxy", ns, Some(&name)))?;
-    serde_json::from_str(&text)
-        .map_err(|e| format!("pod {name} answered something else than a lookup: {e}"))
+        .map_err(|e| explain(&e, "get", "pods/proxy", ns, Some(&name)))
 }
 
 async fn drain(client: &Client, ns: &str, pod: &str) -> Result<()> {

@@ -10,6 +10,7 @@ pub mod actions;
 pub mod cli;
 pub mod commands;
 pub mod completion;
+pub mod dead_letters;
 pub mod errors;
 pub mod lookup;
 pub mod render;

@@ -110,7 +110,8 @@ async fn the_plugin_shows_inspects_and_drains_a_running_streamapp() {
 
     // lookup: every id sent is seen, on both pods, its source the input record that carried
     // it first; an id never sent is not seen.
-    let sent_ids: Vec<&str> = sent.ids.keys().take(99).map(String::as_str).collect();
+    let sent_ids: Vec<String> = sent.ids.keys().take(99).cloned().collect();
+    let sent_ids: Vec<&str> = sent_ids.iter().map(String::as_str).collect();
     let mut asked = sent_ids.clone();
     asked.push("never-sent");
     let rows = lookup(ns, &asked);
@@ -138,6 +139,42 @@ async fn the_plugin_shows_inspects_and_drains_a_running_streamapp() {
     let table = plugin(&["lookup", APP, "-n", ns, sent_ids[0], "never-sent"]);
     assert!(table.starts_with("ID "), "{table}");
     assert!(table.contains(" not seen "), "{table}");
+
+    // dead-letters: records without a command id, listed with their reason and source.
+    sent.produce(&s, 0, 0.0, 3);
+    s.wait_processed();
+    let listing: serde_json::Value = serde_json::from_str(&plugin(&[
+        "dead-letters",
+        APP,
+        "-n",
+        ns,
+        "--since",
+        "1h",
+        "--reason",
+        "missing-dedup-id",
+        "-o",
+        "json",
+    ]))
+    .expect("dead-letters -o json is JSON");
+    let letters = listing["deadLetters"].as_array().expect("a list");
+    assert_eq!(letters.len(), 3, "{listing}");
+    for letter in letters {
+        assert_eq!(letter["reason"], "missing-dedup-id", "{letter}");
+        let source = letter["source"].as_str().unwrap();
+        assert!(
+            source.starts_with(&format!("{}/", s.topics.input)),
+            "{letter}"
+        );
+        assert!(
+            letter["valuePrefix"]
+                .as_str()
+                .unwrap()
+                .starts_with("{\"amount\":"),
+            "{letter}"
+        );
+    }
+    let none = plugin(&["dead-letters", APP, "-n", ns, "--reason", "invalid-json"]);
+    assert!(none.starts_with("no dead letters match\n"), "{none}");
 
     // A user who may read the app and its pods but not use the pods' proxy is told which
     // verb is missing.

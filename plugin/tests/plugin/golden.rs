@@ -122,3 +122,43 @@ fn lookup_as_json() {
     let json = serde_json::to_string_pretty(&rows).unwrap();
     check("lookup.json", &format!("{json}\n"));
 }
+
+#[test]
+fn dead_letters_as_a_table() {
+    use streamapp_api::dead_letters::{DeadLetter, Listing};
+    let t = 1_764_950_400_123;
+    let listing = Listing {
+        topic: "orders.dlq".into(),
+        pod: "orders-0".into(),
+        scanned: 12,
+        complete: true,
+        dead_letters: vec![
+            DeadLetter {
+                partition: 0,
+                offset: 7,
+                time: t,
+                reason: Some("invalid-json".into()),
+                source: Some("orders/2/1234".into()),
+                error: Some(
+                    "the value is not valid JSON: expected value at line 1 column 2".into(),
+                ),
+                size: 9,
+                value_prefix: Some("{not json".into()),
+            },
+            DeadLetter {
+                partition: 0,
+                offset: 8,
+                time: t + 1000,
+                reason: Some("value-too-large".into()),
+                source: Some("orders/0/99".into()),
+                error: Some("the value is 2048 bytes, the limit is 1024".into()),
+                size: 2048,
+                value_prefix: None,
+            },
+        ],
+    };
+    check(
+        "dead-letters.txt",
+        &kubectl_streamapp::dead_letters::table(&listing),
+    );
+}
