@@ -264,6 +264,51 @@ async fn errors_say_what_is_missing_or_not_allowed() {
         "{shown}"
     );
 
+    // Bad ids are refused before anything is asked, saying why.
+    let long = "x".repeat(5000);
+    let many: Vec<String> = (0..10_000).map(|i| format!("c{i}")).collect();
+    let mut ten_thousand = vec!["lookup", "orphan", "-n", n];
+    ten_thousand.extend(many.iter().map(String::as_str));
+    for (args, says) in [
+        (
+            vec!["lookup", "orphan", "-n", n, "a", ""],
+            "an empty id (id number 2)",
+        ),
+        (
+            vec!["lookup", "orphan", "-n", n, long.as_str()],
+            "is 5000 bytes; the longest an id may be is 4096",
+        ),
+        (ten_thousand, "10000 ids in one request; at most 100"),
+        (
+            vec!["dead-letters", "orphan", "-n", n, "--since", "a while"],
+            "--since \"a while\"",
+        ),
+        (
+            vec!["dead-letters", "orphan", "-n", n, "--limit", "5000"],
+            "at most 1000 dead letters",
+        ),
+    ] {
+        let refused = stderr_of_failure(&plugin(&args, None));
+        assert!(refused.contains(says), "{refused}");
+    }
+    let not_utf8 = {
+        use std::os::unix::ffi::OsStrExt;
+        Command::new(env!("CARGO_BIN_EXE_kubectl-streamapp"))
+            .args(["lookup", "orphan", "-n", n])
+            .arg(std::ffi::OsStr::from_bytes(b"cmd-\xff"))
+            .env("KUBECONFIG", testbed::kube::kubeconfig_path())
+            .output()
+            .unwrap()
+    };
+    let refused = stderr_of_failure(&not_utf8);
+    assert!(refused.contains("invalid UTF-8"), "{refused}");
+    // An app without running pods: nobody to ask.
+    let nobody = stderr_of_failure(&plugin(&["lookup", "orphan", "-n", n, "cmd-1"], None));
+    assert!(
+        nobody.contains(&format!("no running pod of {n}/orphan to ask")),
+        "{nobody}"
+    );
+
     // A user with no rights at all (impersonated by the test bed's admin).
     let kubeconfig = std::fs::read_to_string(testbed::kube::kubeconfig_path()).unwrap();
     let mut config: serde_yaml::Value = serde_yaml::from_str(&kubeconfig).unwrap();
