@@ -14,6 +14,9 @@ use streamapp_api::health::TaskState;
 use streamapp_api::lookup::{Answer, Found, Source};
 use streamapp_api::units::format_duration;
 
+/// A pod's name and its answer, or why it gave none.
+pub type PodAnswer = (String, Result<Answer, String>);
+
 /// What the app's stores say about one id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -62,7 +65,7 @@ pub struct Row {
 }
 
 /// The pods' answers (or why a pod did not answer) merged per id, in the order asked.
-pub fn merge(ids: &[String], answers: &[(String, Result<Answer, String>)]) -> Vec<Row> {
+pub fn merge(ids: &[String], answers: &[PodAnswer]) -> Vec<Row> {
     let answered: Vec<&Answer> = answers
         .iter()
         .filter_map(|(_, a)| a.as_ref().ok())
@@ -138,7 +141,7 @@ fn time(ms: i64) -> String {
 
 /// The table `lookup` prints, with what "expired" means for this app and which pods did not
 /// answer.
-pub fn table(rows: &[Row], answers: &[(String, Result<Answer, String>)]) -> String {
+pub fn table(rows: &[Row], answers: &[PodAnswer]) -> String {
     let header = [
         "ID",
         "RESULT",

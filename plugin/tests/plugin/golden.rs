@@ -46,10 +46,7 @@ fn colour_only_when_asked() {
 }
 
 /// Two pods of `orders` asked about five ids; the second pod was restarting.
-fn lookup_answers() -> (
-    Vec<String>,
-    Vec<(String, Result<streamapp_api::lookup::Answer, String>)>,
-) {
+fn lookup_answers() -> (Vec<String>, Vec<kubectl_streamapp::lookup::PodAnswer>) {
     use streamapp_api::health::TaskState;
     use streamapp_api::lookup::{Answer, Found, HeldStore, IdAnswer, Source};
     let t = 1_764_950_400_123;
