@@ -163,8 +163,8 @@ impl Table {
     }
 
     /// streamapp next to the skeleton, the topology's Kafka work alone: what the store and the
-    /// engine cost on top of the floor.
-    fn print_against_skeleton(&self) {
+    /// engine cost on top of the floor (goal: at least 60% of its throughput).
+    fn print_against_skeleton(&self, verdict: impl Fn(bool) -> &'static str) {
         let both = |metric: &str| {
             let row = self.find(metric)?;
             Some((row.get(Peer::Streamapp)?, row.get(Peer::Skeleton)?))
@@ -172,22 +172,34 @@ impl Table {
         if let (Some((ours_rate, floor_rate)), Some((ours_cpu, floor_cpu))) =
             (both("throughput ("), both("CPU per 1M"))
         {
+            let share = ours_rate / floor_rate;
             println!(
                 "against the skeleton (the topology's Kafka work alone): throughput {:.0}% of its, CPU per 1M records {:.2}x its ({:.2} CPU s per 1M beyond it: the store and the engine)",
-                100.0 * ours_rate / floor_rate,
+                100.0 * share,
                 ours_cpu / floor_cpu,
                 ours_cpu - floor_cpu
+            );
+            println!(
+                "goal: throughput at least 60% of the skeleton's: {:.0}% — {}",
+                100.0 * share,
+                verdict(share >= 0.6)
             );
         }
     }
 
-    /// The goals of issue 15, each said met or not (figures, never asserted).
+    /// The goals of the current performance round (issue 32), each said met or not (figures,
+    /// never asserted).
     fn print_goals(&self, latency_percent: u64) {
         let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
-        let goal = |metric: &str, what: &str, min: f64| {
+        let goal = |metric: &str, what: &str, min: f64, stretch: Option<f64>| {
             if let Some((peer, a)) = self.find(metric).and_then(Row::vs_best) {
+                let stretched = match stretch {
+                    Some(s) if a >= s => format!(" (stretch {s}x met too)"),
+                    Some(s) => format!(" (stretch {s}x not)"),
+                    None => String::new(),
+                };
                 println!(
-                    "goal: {what}: {a:.2}x vs {} — {}",
+                    "goal: {what}: {a:.2}x vs {} — {}{stretched}",
                     peer.name(),
                     verdict(a >= min)
                 );
@@ -195,32 +207,38 @@ impl Table {
         };
         goal(
             "CPU per 1M records",
-            "at least 3x fewer CPU s per 1M records",
-            3.0,
-        );
-        goal(
-            "throughput per core",
-            "at least 2x the throughput per core",
+            "at most 1/2 of the best Kafka Streams configuration's CPU s per 1M records",
             2.0,
+            Some(3.0),
+        );
+        let pinned = if std::env::var("BENCH_PIN").as_deref() == Ok("1") {
+            "both pinned to one core"
+        } else {
+            "this run is not pinned; the goal is for BENCH_PIN=1"
+        };
+        goal(
+            "throughput (",
+            &format!("at least 1.5x the best Kafka Streams configuration's throughput ({pinned})"),
+            1.5,
+            None,
         );
         if let Some(row) = self.find("throughput (")
             && let (Some(ours), Some(copy)) = (row.get(Peer::Streamapp), row.get(Peer::Copy))
         {
-            let share = ours / copy;
             println!(
-                "goal: raw throughput at least 80% of the transactional copy's: {:.0}% — {}",
-                100.0 * share,
-                verdict(share >= 0.8)
+                "the transactional copy (a reference, not a goal): streamapp's throughput is {:.0}% of its",
+                100.0 * ours / copy
             );
         }
-        self.print_against_skeleton();
+        self.print_against_skeleton(verdict);
         if let Some(p99) = self
             .find("latency p99")
             .and_then(|r| r.get(Peer::Streamapp))
         {
-            let bound = COMMIT_INTERVAL.as_secs_f64() * 1000.0 + 50.0;
+            // Two transactions per record (route, then dedup), on both sides.
+            let bound = 2.0 * COMMIT_INTERVAL.as_secs_f64() * 1000.0 + 50.0;
             println!(
-                "goal: p99 at half of the system's maximum at most {bound:.0} ms (commit interval + 50 ms): {p99:.0} ms at {latency_percent}% — {}",
+                "goal: p99 at half of the system's maximum at most {bound:.0} ms (2 x commit interval + 50 ms): {p99:.0} ms at {latency_percent}% — {}",
                 if latency_percent == 50 {
                     verdict(p99 <= bound)
                 } else {
@@ -230,8 +248,9 @@ impl Table {
         }
         goal(
             "peak RSS",
-            "peak RSS at most 1/4 of the Kafka Streams JVM's",
-            4.0,
+            "peak RSS at most 1/3 of the Kafka Streams JVM's",
+            3.0,
+            None,
         );
         // Issue 14: recovery after kill -9 that does not grow with the store.
         let first_outputs: Vec<&Row> = self
