@@ -385,3 +385,75 @@ async fn dead_letters_are_listed_with_their_reasons_and_filters_and_leave_nothin
         assert_eq!((status, body.contains(says)), (400, true), "{body}");
     }
 }
+
+/// Mean commit time (ms) over the commits between two readings of the histogram.
+fn mean_commit_ms(before: (f64, f64), after: (f64, f64)) -> f64 {
+    let (sum, count) = (after.0 - before.0, after.1 - before.1);
+    if count > 0.0 { 1000.0 * sum / count } else { 0.0 }
+}
+
+fn commit_histogram(p: &Processor) -> (f64, f64) {
+    (
+        p.metric("streamapp_processor_commit_seconds_sum").unwrap_or(0.0),
+        p.metric("streamapp_processor_commit_seconds_count").unwrap_or(0.0),
+    )
+}
+
+/// Lookups run on the HTTP server's threads against weak store handles: a burst of them (100
+/// ids each, back to back) beside a load leaves the output exactly once. The commit latency
+/// with and without the burst is printed, not asserted (a figure, not a timed test).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_lookups_beside_a_load_leaves_the_output_exactly_once() {
+    let _serial = serial().await;
+    let app = App::with_partitions("lookup-burst", 2).await;
+    let mut p = app.start("pod-0");
+    p.wait_ready(MINUTE);
+    let now = now_ms();
+    let batch = |from: usize| -> Vec<Input> {
+        (from..from + 20_000)
+            .map(|i| Input::cmd(&format!("id-{}", i % 15_000 + from), now))
+            .collect()
+    };
+    let quiet = commit_histogram(&p);
+    app.produce(&batch(0));
+    app.wait_until_processed(MINUTE);
+    let loaded = commit_histogram(&p);
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let addr_probe = {
+        let stop = stop.clone();
+        let ids: Vec<String> = (0..lookup::MAX_IDS).map(|i| format!("id-{i}")).collect();
+        let path = format!("{}?{}", lookup::PATH, lookup::query(&ids));
+        let port = p.port;
+        std::thread::spawn(move || {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let mut served = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let answer =
+                    streamapp_api::probe::call(addr, "GET", &path, Duration::from_secs(5))
+                        .expect("/lookup answers during the load");
+                assert_eq!(answer.status, 200, "{}", answer.body);
+                served += 1;
+            }
+            served
+        })
+    };
+    app.produce(&batch(100_000));
+    app.wait_until_processed(MINUTE);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let served = addr_probe.join().expect("the lookups");
+    let burst = commit_histogram(&p);
+    println!(
+        "mean commit: {:.1} ms without lookups ({} commits), {:.1} ms during {served} lookups of {} ids ({} commits)",
+        mean_commit_ms(quiet, loaded),
+        loaded.1 - quiet.1,
+        mean_commit_ms(loaded, burst),
+        lookup::MAX_IDS,
+        burst.1 - loaded.1,
+    );
+    assert!(served > 0, "lookups were served during the load");
+    let output = counts(&app.read(&app.output));
+    assert_eq!(output.len(), 30_000, "every id of both loads once");
+    assert!(output.values().all(|&n| n == 1), "each id once");
+    assert_eq!(app.read(&app.duplicates).len(), 10_000);
+}
