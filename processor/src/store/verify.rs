@@ -287,12 +287,12 @@ mod tests {
     fn the_rate_bounds_how_fast_a_store_is_read() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = open(dir.path());
-        fill(&mut store, 15_000); // ~30k keys
+        fill(&mut store, 30_000); // one key per id: 30k keys
         let verifier = Verifier::start(20_000);
         let started = Instant::now();
         verifier.verify(0, &store, VerificationReason::Periodic);
         let keys = wait(&verifier).result.unwrap().unwrap();
-        // Two full chunks are paced (the last, partial one ends the scan without a wait).
+        // Three full chunks are paced (a last, partial one ends the scan without a wait).
         let paced = (keys / CHUNK as u64) * CHUNK as u64;
         let floor = Duration::from_secs_f64(paced as f64 / 20_000.0);
         assert!(

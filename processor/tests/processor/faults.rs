@@ -264,14 +264,15 @@ async fn after_kill_9_the_store_serves_at_once_while_its_checksum_scan_runs_in_t
     };
     let mut p = app.start("pod-0");
     p.wait_ready(MINUTE);
-    app.produce(&ids("v", 15_000));
+    // One key per id (store format 2): 30k keys, a scan of 30 s at 1000 keys a second.
+    app.produce(&ids("v", 30_000));
     app.wait_until_processed(2 * MINUTE);
     p.kill9();
 
     let mut p = app.start("pod-0");
     p.wait_ready(MINUTE);
-    app.produce(&[Input::cmd("after-the-crash", t0 + 20_000)]);
-    app.wait_for_records(&app.output, 15_001, MINUTE);
+    app.produce(&[Input::cmd("after-the-crash", t0 + 40_000)]);
+    app.wait_for_records(&app.output, 30_001, MINUTE);
     // The new id is out, and the scan of the store it was checked against is still running.
     let health = p.health();
     let task = &health.tasks[0];
@@ -310,10 +311,10 @@ async fn after_kill_9_the_store_serves_at_once_while_its_checksum_scan_runs_in_t
     });
     assert!(health.tasks[0].quarantines.is_empty());
     // Exactly once across the crash.
-    app.produce(&ids("v", 15_000));
+    app.produce(&ids("v", 30_000));
     app.wait_until_processed(2 * MINUTE);
     let output = app.read(&app.output);
-    assert_eq!(output.len(), 15_001);
+    assert_eq!(output.len(), 30_001);
     assert!(counts(&output).values().all(|&n| n == 1));
     p.kill9();
 }
