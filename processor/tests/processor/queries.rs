@@ -389,13 +389,19 @@ async fn dead_letters_are_listed_with_their_reasons_and_filters_and_leave_nothin
 /// Mean commit time (ms) over the commits between two readings of the histogram.
 fn mean_commit_ms(before: (f64, f64), after: (f64, f64)) -> f64 {
     let (sum, count) = (after.0 - before.0, after.1 - before.1);
-    if count > 0.0 { 1000.0 * sum / count } else { 0.0 }
+    if count > 0.0 {
+        1000.0 * sum / count
+    } else {
+        0.0
+    }
 }
 
 fn commit_histogram(p: &Processor) -> (f64, f64) {
     (
-        p.metric("streamapp_processor_commit_seconds_sum").unwrap_or(0.0),
-        p.metric("streamapp_processor_commit_seconds_count").unwrap_or(0.0),
+        p.metric("streamapp_processor_commit_seconds_sum")
+            .unwrap_or(0.0),
+        p.metric("streamapp_processor_commit_seconds_count")
+            .unwrap_or(0.0),
     )
 }
 
@@ -409,13 +415,17 @@ async fn a_burst_of_lookups_beside_a_load_leaves_the_output_exactly_once() {
     let mut p = app.start("pod-0");
     p.wait_ready(MINUTE);
     let now = now_ms();
-    let batch = |from: usize| -> Vec<Input> {
-        (from..from + 20_000)
-            .map(|i| Input::cmd(&format!("id-{}", i % 15_000 + from), now))
-            .collect()
+    // 100,000 records (75,000 ids) produced in 20 chunks, so the load spans many commits.
+    let load = |from: usize| {
+        let records: Vec<Input> = (0..100_000)
+            .map(|i| Input::cmd(&format!("id-{}", from + i % 75_000), now))
+            .collect();
+        for chunk in records.chunks(5_000) {
+            app.produce(chunk);
+        }
     };
     let quiet = commit_histogram(&p);
-    app.produce(&batch(0));
+    load(0);
     app.wait_until_processed(MINUTE);
     let loaded = commit_histogram(&p);
 
@@ -429,16 +439,15 @@ async fn a_burst_of_lookups_beside_a_load_leaves_the_output_exactly_once() {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
             let mut served = 0u64;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let answer =
-                    streamapp_api::probe::call(addr, "GET", &path, Duration::from_secs(5))
-                        .expect("/lookup answers during the load");
+                let answer = streamapp_api::probe::call(addr, "GET", &path, Duration::from_secs(5))
+                    .expect("/lookup answers during the load");
                 assert_eq!(answer.status, 200, "{}", answer.body);
                 served += 1;
             }
             served
         })
     };
-    app.produce(&batch(100_000));
+    load(1_000_000);
     app.wait_until_processed(MINUTE);
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let served = addr_probe.join().expect("the lookups");
@@ -453,7 +462,7 @@ async fn a_burst_of_lookups_beside_a_load_leaves_the_output_exactly_once() {
     );
     assert!(served > 0, "lookups were served during the load");
     let output = counts(&app.read(&app.output));
-    assert_eq!(output.len(), 30_000, "every id of both loads once");
+    assert_eq!(output.len(), 150_000, "every id of both loads once");
     assert!(output.values().all(|&n| n == 1), "each id once");
-    assert_eq!(app.read(&app.duplicates).len(), 10_000);
+    assert_eq!(app.read(&app.duplicates).len(), 50_000);
 }
