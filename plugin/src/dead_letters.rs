@@ -48,28 +48,11 @@ pub fn table(listing: &Listing) -> String {
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: &[String]| {
-        let mut out = String::new();
-        for (cell, w) in cells.iter().zip(widths) {
-            out += &format!("{cell:<w$}  ");
-        }
-        out.trim_end().to_string() + "\n"
-    };
-    let mut out = String::new();
-    if rows.is_empty() {
-        out += "no dead letters match\n";
+    let mut out = if rows.is_empty() {
+        "no dead letters match\n".to_string()
     } else {
-        out += &line(&header.map(String::from));
-        for row in &rows {
-            out += &line(row);
-        }
-    }
+        crate::render::columns(header, &rows)
+    };
     out += &format!(
         "\n{} dead letters read from {} by {}",
         listing.scanned, listing.topic, listing.pod

@@ -179,27 +179,7 @@ pub fn table(rows: &[Row], answers: &[PodAnswer]) -> String {
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: &[String]| {
-        let mut out = String::new();
-        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-            if i + 1 == cells.len() {
-                out += cell;
-            } else {
-                out += &format!("{cell:<w$}  ");
-            }
-        }
-        out.trim_end().to_string() + "\n"
-    };
-    let mut out = line(&header.map(String::from));
-    for row in &cells {
-        out += &line(row);
-    }
+    let mut out = crate::render::columns(header, &cells);
     if let Some(retention) = answers.iter().find_map(|(_, a)| a.as_ref().ok()) {
         let retention =
             format_duration(Duration::from_millis(retention.retention_ms.max(0) as u64));

@@ -54,6 +54,29 @@ fn paint(colour: Colour, code: &str, text: &str) -> String {
     }
 }
 
+/// Rows under a header, in columns as wide as their widest cell, two spaces apart, no
+/// trailing blanks (the tables of `lookup` and `dead-letters`).
+pub fn columns<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut out = String::new();
+        for (cell, w) in cells.zip(widths) {
+            out += &format!("{cell:<w$}  ");
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out = line(&mut header.into_iter());
+    for row in rows {
+        out += &line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
 /// Green for what is fine, yellow for what is under way (or not known yet), red for what is
 /// wrong; the rest is not coloured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -230,28 +230,29 @@ impl Engine {
         // every staged put is newer than what the store holds and the apply after the commit
         // need not read it again.
         let kept = topology::kept_sighting(first_seen, record.time);
-        let sighting = if kept == record.time {
+        // The changelog says what the store keeps, not the record's own time: compaction
+        // keeps only an id's last changelog record, and a store rebuilt from it (a new pod, a
+        // standby, a quarantine) must decide as this one does, and name the same source.
+        let mut value = [0u8; MAX_ENCODED];
+        let len = if kept == record.time {
             let sighting = Sighting {
                 time: kept,
                 source: record.sighting_source(&self.dedup.input_topic),
             };
-            task.staged.put_sighting(&id, sighting.clone());
-            sighting
+            let len = sighting.encode(&mut value);
+            task.staged.put_sighting(&id, sighting);
+            len
         } else {
             // Rare: the kept sighting is the one held (staged or in the store), source and all.
-            match task.staged.puts.get(&id) {
+            let held = match task.staged.puts.get(&id) {
                 Some(held) => held.clone(),
                 None => store
                     .sighting(&id, Some(&self.dedup.input_topic))
                     .map_err(RecordError::Store)?
                     .unwrap_or(Sighting::at(kept)),
-            }
+            };
+            held.encode(&mut value)
         };
-        // The changelog says what the store keeps, not the record's own time: compaction
-        // keeps only an id's last changelog record, and a store rebuilt from it (a new pod, a
-        // standby, a quarantine) must decide as this one does, and name the same source.
-        let mut value = [0u8; MAX_ENCODED];
-        let len = sighting.encode(&mut value);
         self.txn.send(
             Outgoing {
                 topic: &self.cfg.changelog_topic,

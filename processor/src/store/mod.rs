@@ -427,12 +427,6 @@ impl TaskStore {
             .is_none_or(|c| time >= c)
     }
 
-    /// When an id first seen at `time` stops being remembered (at the latest: stream time
-    /// moves with the records, so it is later when they stop coming).
-    pub fn expires_at(&self, time: i64) -> i64 {
-        time.saturating_add(self.database.window.retention_ms())
-    }
-
     /// Applies committed writes, their offsets and the expiry they allow, atomically.
     ///
     /// The result does not depend on how writes are grouped into batches (a transaction while
@@ -632,14 +626,17 @@ fn open_db_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<DB> {
 
 /// The offsets a store vouches for and the changelog partition it is a prefix of (stores of
 /// earlier versions: none).
+/// A metadata value of a store opened read-only (`None` when missing or unreadable).
+fn read_i64(db: &DB, key: &[u8]) -> Option<i64> {
+    db.get(key)
+        .ok()
+        .flatten()
+        .and_then(|v| v.as_slice().try_into().ok())
+        .map(i64::from_be_bytes)
+}
+
 fn read_meta(db: &DB) -> (StoreMeta, Option<(String, i64)>) {
-    let get = |key: &[u8]| -> Option<i64> {
-        db.get(key)
-            .ok()
-            .flatten()
-            .and_then(|v| v.as_slice().try_into().ok())
-            .map(i64::from_be_bytes)
-    };
+    let get = |key: &[u8]| read_i64(db, key);
     let meta = StoreMeta {
         changelog_offset: get(META_CHANGELOG_OFFSET),
         input_offset: get(META_INPUT_OFFSET),
@@ -682,13 +679,7 @@ pub fn changelog_offset_on_disk(
 pub fn open_read_only(path: &Path, wal_dir: Option<&Path>) -> Result<StoreSummary> {
     let db = open_db_read_only(path, wal_dir)?;
     let (meta, changelog) = read_meta(&db);
-    let retention = db
-        .get(META_RETENTION)
-        .ok()
-        .flatten()
-        .and_then(|v| v.as_slice().try_into().ok())
-        .map(i64::from_be_bytes);
-    let cutoff = retention.and_then(|r| cutoff(meta.stream_time, r));
+    let cutoff = read_i64(&db, META_RETENTION).and_then(|r| cutoff(meta.stream_time, r));
     Ok(StoreSummary {
         ids: count_ids(&db, path, cutoff)?,
         meta,

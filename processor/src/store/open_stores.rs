@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, Weak};
 use rocksdb::DB;
 
 use super::sighting::Sighting;
-use super::{ID_PREFIX, Result, StoreError, TaskStore};
+use super::{Result, StoreError, TaskStore, id_key};
 
 /// The registry of open stores (cheap to clone: shared).
 #[derive(Clone, Default)]
@@ -106,7 +106,7 @@ impl OpenStores {
                 continue; // being closed: let it go
             }
             let value = db
-                .get_pinned([ID_PREFIX, id].concat())
+                .get_pinned(id_key(id))
                 .map_err(|e| StoreError::from_rocksdb(&reader.path, e))?;
             let Some(value) = value else {
                 return Ok(None);
