@@ -95,10 +95,9 @@ test: system-packages
 	@status=0; $(MAKE) --no-print-directory test-run || status=$$?; \
 	  $(MAKE) --no-print-directory down; exit $$status
 
-# The tests alone, against services that are already up (`make up`): the workspace's tests,
-# then a small run of the Kafka Streams comparison for its exactly-once checks. Both run even
-# when the first fails; the exit code says whether both passed. The tests run inside the test
-# bed's network namespace, where Kafka and the API server are.
+# The tests alone, against services that are already up (`make up`): the workspace's tests and
+# a small run of the Kafka Streams comparison for its exactly-once checks. Everything runs even
+# when something fails; the exit code says whether all passed.
 test-only: test-build
 	@$(MAKE) --no-print-directory test-run
 
@@ -108,9 +107,10 @@ test-build: build
 	$(CARGO) test $(CARGO_FLAGS) --no-run
 	$(CARGO) bench --locked -p streamapp-processor --bench vs_kafka_streams --no-run
 
+# Two lanes side by side (dev/test-run.sh): the processor's integration tests, and every other
+# test followed by the comparison's smoke.
 test-run:
-	@status=0; dev/net.sh exec $(CARGO) test $(CARGO_FLAGS) --offline --no-fail-fast || status=$$?; \
-	  dev/bench-compare-smoke.sh || status=$$?; exit $$status
+	@dev/test-run.sh
 
 # The tests that need three real nodes (e2e/tests/nodes), against services that are already up
 # with three nodes (`make up NODE_COUNT=3`).

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Runs every test against the test bed that is up (`make test-run`). Most of it in two lanes side
+# by side, each of which leaves a core idle much of the time (the processor's tests wait on the
+# broker, the e2e tests on kubelets):
+#
+#   processor  the processor's integration tests, but those that take the broker away;
+#   rest       every other test binary (unit tests, agent, e2e, operator, plugin, test bed) and
+#              the doc tests, then the small Kafka Streams comparison (dev/bench-compare-smoke.sh);
+#
+# then, alone, the processor's tests that kill, stop, restart or freeze the broker (the
+# `environment` and `soak` modules), which would fail whatever else was using it.
+#
+# Each line of the lanes is prefixed with its lane's name. Everything runs to the end; the exit
+# code is non-zero when anything failed, and the failed parts are named. The tests run inside
+# the test bed's network namespace, where Kafka and the API server are.
+source "$(dirname "$0")/lib.sh"
+
+cd "$REPO_DIR"
+cargo_test=(cargo test --release --workspace --locked --offline --no-fail-fast)
+
+# The processor test modules that take the broker away, and a check that no other test does
+# (they would break the other lane's tests).
+broker_away_modules=(environment soak)
+broker_away_calls='kill_and_restart_broker|restart_broker_cleanly|stop_broker_for|freeze_broker_for'
+others=$(grep -rlE "$broker_away_calls" --include='*.rs' -- */tests */benches dev/testbed/tests |
+  grep -vE "^processor/tests/processor/($(IFS='|'; echo "${broker_away_modules[*]}"))\.rs$" || true)
+[[ -z $others ]] ||
+  die "these tests take the broker away but are not run alone; add their module to broker_away_modules in $0: $others"
+
+# Every integration-test target but the processor's and those behind a feature (the three-node
+# tests: `make test-nodes`), read from the workspace so a new test binary is never left out.
+rest_targets=()
+while read -r target; do
+  rest_targets+=(--test "$target")
+done < <(cargo metadata --no-deps --format-version 1 --offline | python3 -c '
+import json, sys
+for package in json.load(sys.stdin)["packages"]:
+    for target in package["targets"]:
+        if target["kind"] == ["test"] and target["name"] != "processor" and not target.get("required-features"):
+            print(target["name"])
+')
+
+skip_broker_away=()
+for module in "${broker_away_modules[@]}"; do
+  skip_broker_away+=(--skip "$module::")
+done
+
+lane() {
+  local name=$1
+  shift
+  # The lane's status is the command's, not sed's.
+  ("$@" 2>&1 | sed -u "s/^/[$name] /"; exit "${PIPESTATUS[0]}")
+}
+
+rest() {
+  local status=0
+  "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --lib --bins "${rest_targets[@]}" || status=$?
+  "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --doc || status=$?
+  "$DEV_DIR/bench-compare-smoke.sh" || status=$?
+  return "$status"
+}
+
+lane processor "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --test processor -- "${skip_broker_away[@]}" &
+processor_lane=$!
+lane rest rest &
+rest_lane=$!
+
+failed=()
+wait "$processor_lane" || failed+=("the processor's tests ([processor] lines)")
+wait "$rest_lane" || failed+=("the other tests or the comparison's smoke ([rest] lines)")
+
+log "the processor's tests that take the broker away (${broker_away_modules[*]}), alone"
+filters=()
+for module in "${broker_away_modules[@]}"; do
+  filters+=("$module::")
+done
+"$DEV_DIR/net.sh" exec "${cargo_test[@]}" --test processor -- "${filters[@]}" ||
+  failed+=("the processor's tests that take the broker away (${broker_away_modules[*]})")
+
+((${#failed[@]} == 0)) || die "failed: $(IFS=';'; echo "${failed[*]}")"
+log "every test passed"
