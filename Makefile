@@ -18,8 +18,8 @@ help:
 	@echo "make demo-down - stop the demo and the local services"
 	@echo "make test    - set up, start the local services, run all tests, stop the services"
 	@echo "make setup   - install system packages, Kafka and the control plane (idempotent)"
-	@echo "make up/down - start/stop the test bed: Kafka, the Kubernetes control plane and real nodes (NODE_COUNT, default 1)"
-	@echo "make test-nodes - the tests that need three nodes, against 'make up NODE_COUNT=3'"
+	@echo "make up/down - start/stop the test bed: Kafka, the Kubernetes control plane and real nodes (NODE_COUNT, default 3)"
+	@echo "make test-nodes - only the tests that need three nodes, against 'make up'"
 	@echo "make images  - build the node's images (Debian base, pause, the project's image) with podman"
 	@echo "make bench   - processor benchmark: dedup vs a transactional copy, 1M records (needs make up)"
 	@echo "make bench-compare - side by side with Kafka Streams 4.4: table, CSV, chart (~2 h at full size)"
@@ -104,7 +104,7 @@ test-only: test-build
 # Every test binary, and the comparison's (after `build`: one cargo at a time holds the target
 # directory).
 test-build: build
-	$(CARGO) test $(CARGO_FLAGS) --no-run
+	$(CARGO) test $(CARGO_FLAGS) --features streamapp-e2e/three-nodes --no-run
 	$(CARGO) bench --locked -p streamapp-processor --bench vs_kafka_streams --no-run
 
 # Two lanes side by side (dev/test-run.sh): the processor's integration tests, and every other
@@ -112,8 +112,8 @@ test-build: build
 test-run:
 	@dev/test-run.sh
 
-# The tests that need three real nodes (e2e/tests/nodes), against services that are already up
-# with three nodes (`make up NODE_COUNT=3`).
+# Only the tests that need three real nodes (e2e/tests/nodes; `make test` runs them too), against
+# services that are already up with three nodes (`make up`).
 # (--workspace: the features of the dependencies stay those of every other build, so nothing
 # is rebuilt but the test.)
 NODES_TEST := $(CARGO_FLAGS) --features streamapp-e2e/three-nodes --test nodes

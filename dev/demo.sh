@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The local demo: the operator, a StreamApp, its processors and agents, and the dashboard — all
-# as pods on the test bed's real node, from the project's own image.
+# as pods on the test bed's real nodes, from the project's own image.
 #   dev/demo.sh up     (what `make demo` runs after `make setup` and `make up`)
 #   dev/demo.sh down   (what `make demo-down` runs before `make down`)
 #

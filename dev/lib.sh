@@ -42,8 +42,9 @@ APP_IMAGE="${APP_IMAGE:-localhost/streamapp/streamapp:dev}"
 TESTBED_NETNS="${TESTBED_NETNS:-streamapp-testbed}"
 NETNS_PATH="/run/netns/$TESTBED_NETNS"
 HUB_IP="${HUB_IP:-10.213.0.1}"
-# How many real nodes: one is the quick loop, three is what node-loss tests need.
-NODE_COUNT="${NODE_COUNT:-1}"
+# How many real nodes: three (what the node-loss, spread and drain tests need) unless told;
+# NODE_COUNT=1 is the quick loop, where `make test` leaves those tests out and says so.
+NODE_COUNT="${NODE_COUNT:-3}"
 SERVICE_CIDR="${SERVICE_CIDR:-10.96.0.0/16}"
 # Kafka's listener for pods (advertised as HUB_IP:KAFKA_POD_PORT).
 KAFKA_POD_PORT="${KAFKA_POD_PORT:-19094}"

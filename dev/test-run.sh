@@ -3,9 +3,11 @@
 # by side, each of which leaves a core idle much of the time (the processor's tests wait on the
 # broker, the e2e tests on kubelets):
 #
-#   processor  the processor's integration tests, but those that take the broker away;
+#   processor  the processor's integration tests but those that take the broker away, then the
+#              small Kafka Streams comparison (dev/bench-compare-smoke.sh);
 #   rest       every other test binary (unit tests, agent, e2e, operator, plugin, test bed) and
-#              the doc tests, then the small Kafka Streams comparison (dev/bench-compare-smoke.sh);
+#              the doc tests, then the tests that need three nodes (e2e/tests/nodes: they kill,
+#              freeze and cut off nodes, so they never overlap the other e2e tests);
 #
 # then, alone, the processor's tests that kill, stop, restart or freeze the broker (the
 # `environment` and `soak` modules), which would fail whatever else was using it.
@@ -16,7 +18,8 @@
 source "$(dirname "$0")/lib.sh"
 
 cd "$REPO_DIR"
-cargo_test=(cargo test --release --workspace --locked --offline --no-fail-fast)
+# The features of `make test-build`, so nothing is compiled again here.
+cargo_test=(cargo test --release --workspace --features streamapp-e2e/three-nodes --locked --offline --no-fail-fast)
 
 # The processor test modules that take the broker away, and a check that no other test does
 # (they would break the other lane's tests).
@@ -52,22 +55,33 @@ lane() {
   ("$@" 2>&1 | sed -u "s/^/[$name] /"; exit "${PIPESTATUS[0]}")
 }
 
-rest() {
+processor() {
   local status=0
-  "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --lib --bins "${rest_targets[@]}" || status=$?
-  "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --doc || status=$?
+  "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --test processor -- "${skip_broker_away[@]}" || status=$?
   "$DEV_DIR/bench-compare-smoke.sh" || status=$?
   return "$status"
 }
 
-lane processor "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --test processor -- "${skip_broker_away[@]}" &
+rest() {
+  local status=0
+  "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --lib --bins "${rest_targets[@]}" || status=$?
+  "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --doc || status=$?
+  if ((NODE_COUNT >= 3)); then
+    "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --test nodes || status=$?
+  else
+    log "NODE_COUNT=$NODE_COUNT: the tests that need three nodes (e2e/tests/nodes) are NOT run"
+  fi
+  return "$status"
+}
+
+lane processor processor &
 processor_lane=$!
 lane rest rest &
 rest_lane=$!
 
 failed=()
-wait "$processor_lane" || failed+=("the processor's tests ([processor] lines)")
-wait "$rest_lane" || failed+=("the other tests or the comparison's smoke ([rest] lines)")
+wait "$processor_lane" || failed+=("the processor's tests or the comparison's smoke ([processor] lines)")
+wait "$rest_lane" || failed+=("the other tests ([rest] lines)")
 
 log "the processor's tests that take the broker away (${broker_away_modules[*]}), alone"
 filters=()

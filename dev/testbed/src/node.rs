@@ -11,7 +11,7 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 
 const HOW_TO_START: &str =
-    "start them with `make up` (NODE_COUNT=3 for three; or `dev/node.sh start`)";
+    "start them with `make up` (three unless NODE_COUNT says otherwise; or `dev/node.sh start`)";
 
 /// The label every real node carries (the fake kwok node does not).
 pub const REAL_NODE_LABEL: (&str, &str) = ("streamapp.dev/node", "real");
