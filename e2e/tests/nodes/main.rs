@@ -1,4 +1,4 @@
-//! StreamApps on three real nodes (`make up NODE_COUNT=3`, or `make test-nodes`): where pods and
+//! StreamApps on three real nodes (`make up`, three by default; `make test` or `make test-nodes`): where pods and
 //! standbys go, and what a lost node costs. A node is lost the way a machine is: dev/node.sh
 //! kills every process of it at once and takes its link down; nothing is emulated, the control
 //! plane and Kafka find out on their own. The tests take turns ([`scenario`]): each breaks a
@@ -512,6 +512,131 @@ async fn kubectl_drain_is_held_by_the_disruption_budget_and_each_evicted_pod_dra
     drop(cordoned);
     s.wait_ready(READY_TIMEOUT).await;
     sent.produce(&s, 1000, 0.3, 0);
+    s.assert_exactly_once(&sent);
+    s.finish().await;
+}
+
+/// A processor container's crashes so far: its restart count and its last run's exit code.
+fn crashes(pod: &k8s_openapi::api::core::v1::Pod) -> (i32, Option<i32>) {
+    let processor = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|all| all.iter().find(|c| c.name == "processor"));
+    let Some(processor) = processor else {
+        return (0, None);
+    };
+    let last = processor
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .map(|t| t.exit_code);
+    (processor.restart_count, last)
+}
+
+/// The incident behind the product, across nodes: an id's put is staged on node A and the
+/// process dies before the commit; the task moves to its standby on node B, which stages the
+/// put and dies too; the task moves back to A. Neither store may ever hold the aborted put: the
+/// id is then output exactly once and never reported as a duplicate (a store that kept an
+/// aborted put would take the id's next occurrence for a repeat).
+///
+/// Each processor aborts at the put of the record that asks for it (`streamapp.fault:
+/// crash-after-put`, once per process start), so the kubelet restarts it and the record keeps
+/// crashing whoever owns its partition until the fault is taken out of the spec.
+#[tokio::test]
+async fn the_incident_across_nodes_an_aborted_put_reaches_no_store_and_the_id_is_output_once() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    let (_turn, s) = scenario("incident").await;
+    let mut app = s.example();
+    app["spec"]["replicas"] = 2.into();
+    app["spec"]["standbyReplicas"] = 1.into();
+    app["spec"]["pod"] =
+        serde_yaml::from_str("{env: [{name: STREAMAPP_FAULTS, value: crash-after-put=1}]}")
+            .unwrap();
+    s.apply(&app);
+    s.wait_ready(READY_TIMEOUT).await;
+    wait_for_every_standby(&s).await;
+    let nodes = nodes_of_pods(&s).await;
+    let on: BTreeSet<&String> = nodes.values().collect();
+    assert_eq!(on.len(), 2, "the two pods on two nodes: {nodes:?}");
+    let mut sent = Sent::new();
+    sent.produce(&s, 500, 0.3, 0);
+    s.wait_processed();
+
+    let id = format!("cmd-incident-{}", testbed::unique_name("x"));
+    let producer: BaseProducer = testbed::kafka::input_producer_config().create().unwrap();
+    testbed::kafka::send(
+        &producer,
+        BaseRecord::to(&s.topics.input)
+            .key("order-incident")
+            .payload(&format!(r#"{{"commandId":"{id}","amount":1}}"#))
+            .headers(OwnedHeaders::new().insert(Header {
+                key: "streamapp.fault",
+                value: Some("crash-after-put"),
+            })),
+    );
+    producer.flush(Duration::from_secs(10)).unwrap();
+    sent.ids.insert(id.clone(), 1);
+
+    // Watch the processors' crashes: A, then B (the standby's holder, on the other node), then
+    // A again. Each one the fault's (its log line), none other.
+    let mut seen: BTreeMap<String, i32> = nodes.keys().map(|p| (p.clone(), 0)).collect();
+    let mut order: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    // (A may crash more than once before its partition moves: a restarted processor that
+    // rejoins within the session timeout keeps its tasks.)
+    let back_on_a = |order: &[String]| {
+        let Some(a) = order.first() else { return false };
+        order
+            .iter()
+            .position(|p| p != a)
+            .is_some_and(|b| order[b + 1..].contains(a))
+    };
+    while !back_on_a(&order) {
+        assert!(
+            Instant::now() < deadline,
+            "no crash on A, then B, then A again within 300 s; crashes so far: {order:?}"
+        );
+        for pod in s.pods().await {
+            let name = pod.metadata.name.clone().unwrap();
+            let (restarts, last) = crashes(&pod);
+            let before = seen.insert(name.clone(), restarts).unwrap_or(0);
+            if restarts > before {
+                assert_eq!(
+                    restarts,
+                    before + 1,
+                    "{name} crashed twice between two looks"
+                );
+                let exit_code = last.expect("a crashed container has a last state");
+                assert_ne!(exit_code, 0, "{name}'s processor did not exit cleanly");
+                let log = s.kubectl(&["logs", &name, "-c", "processor", "--previous"]);
+                assert!(
+                    log.contains("fault injection: crashing after a store put"),
+                    "{name} crashed at the put:\n{log}"
+                );
+                order.push(name);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "incident: crashes in order {order:?} on nodes {:?}",
+        order.iter().map(|p| &nodes[p]).collect::<Vec<_>>()
+    );
+    let output = testbed::kafka::read_all(
+        &s.topics.output,
+        testbed::kafka::Isolation::ReadCommitted,
+        |_| {},
+    );
+    assert_eq!(output, sent.ids.len() - 1, "nothing of {id} was committed");
+
+    // The fault taken out of the spec: the pods roll, the id goes through once, as a first
+    // occurrence, and every other record stays exactly once.
+    app["spec"]["pod"] = serde_yaml::Value::Null;
+    s.apply(&app);
+    s.wait_ready(READY_TIMEOUT).await;
     s.assert_exactly_once(&sent);
     s.finish().await;
 }
