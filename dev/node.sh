@@ -363,6 +363,10 @@ start() {
   check_machine
   local nodes=("$@") pids=() i failed=0
   ((${#nodes[@]})) || mapfile -t nodes < <(node_numbers)
+  # The certificates one after the other: each signing rewrites the CA's serial file.
+  for i in "${nodes[@]}"; do
+    (use_node "$i" && make_node_cert)
+  done
   for i in "${nodes[@]}"; do
     start_node "$i" &
     pids+=($!)
