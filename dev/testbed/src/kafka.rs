@@ -189,24 +189,30 @@ fn watermarks(topic: &str) -> Vec<(i64, i64)> {
     // librdkafka's consumers read committed by default, and a read_committed client's "high"
     // watermark is the last stable offset: below another producer's open transaction, not the
     // end of the log.
-    let consumer: BaseConsumer = client_config()
-        .set("isolation.level", "read_uncommitted")
-        .create()
-        .expect("creating a consumer");
+    let reader = || -> BaseConsumer {
+        client_config()
+            .set("isolation.level", "read_uncommitted")
+            .create()
+            .expect("creating a consumer")
+    };
+    let mut consumer = reader();
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .expect("topic metadata");
     let partitions = metadata.topics()[0].partitions().len() as i32;
     (0..partitions)
         .map(|p| {
-            // A broker that just restarted answers "not leader" for a moment.
-            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            // A broker that just restarted or thawed answers "not leader" for a moment, and a
+            // client that asked it then can keep a metadata cache without the partition
+            // ("Unknown partition"): each retry asks through a new client.
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
             loop {
                 match consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
                     Ok(marks) => break marks,
                     Err(e) if std::time::Instant::now() < deadline => {
                         tracing::debug!(topic, partition = p, error = %e, "watermarks: retrying");
                         std::thread::sleep(Duration::from_millis(200));
+                        consumer = reader();
                     }
                     Err(e) => panic!("watermarks of {topic}/{p}: {e}"),
                 }
