@@ -267,20 +267,59 @@ impl Scenario {
         }
     }
 
-    /// The final report of `pod`'s agent, once the pod has drained (`phase: Drained`).
-    pub async fn wait_for_final_report(&self, pod: &str) -> PodStateStatus {
-        let status = self
-            .wait_for_status(
-                &format!("{pod}'s final report"),
-                Duration::from_secs(90),
-                |st| {
-                    st.pods
-                        .iter()
-                        .any(|p| p.name == pod && p.phase == Some(PodPhase::Drained))
-                },
-            )
-            .await;
-        status.pods.into_iter().find(|p| p.name == pod).unwrap()
+    /// The StreamApp's `resourceVersion` now: where [`Scenario::wait_for_final_report`] starts
+    /// looking from.
+    pub async fn status_version(&self) -> String {
+        Api::<StreamApp>::namespaced(self.client.clone(), &self.namespace)
+            .get(APP)
+            .await
+            .expect("reading the StreamApp")
+            .metadata
+            .resource_version
+            .expect("a StreamApp has a resourceVersion")
+    }
+
+    /// The final report of `pod`'s agent (`phase: Drained`), in any version of the status
+    /// since `since` ([`Scenario::status_version`], taken before the pod was stopped). Watched,
+    /// not polled: the entry is shown only until the pod's successor exists (then it is a
+    /// stale report, and the operator drops it), which can be a moment.
+    pub async fn wait_for_final_report(&self, pod: &str, since: &str) -> PodStateStatus {
+        use futures::StreamExt;
+        use kube::api::{WatchEvent, WatchParams};
+
+        let apps = Api::<StreamApp>::namespaced(self.client.clone(), &self.namespace);
+        let params = WatchParams::default()
+            .fields(&format!("metadata.name={APP}"))
+            .timeout(30);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        let mut version = since.to_string();
+        while tokio::time::Instant::now() < deadline {
+            let mut events = apps
+                .watch(&params, &version)
+                .await
+                .unwrap_or_else(|e| panic!("watching the StreamApp from {version}: {e}"))
+                .boxed();
+            while let Ok(Some(event)) = tokio::time::timeout_at(deadline, events.next()).await {
+                let app = match event.expect("a watch event") {
+                    WatchEvent::Added(app) | WatchEvent::Modified(app) => app,
+                    WatchEvent::Error(e) => panic!("watching the StreamApp from {version}: {e:?}"),
+                    _ => continue,
+                };
+                version = app.metadata.resource_version.clone().unwrap_or(version);
+                let report = app
+                    .status
+                    .into_iter()
+                    .flat_map(|s| s.pods)
+                    .find(|p| p.name == pod && p.phase == Some(PodPhase::Drained));
+                if let Some(report) = report {
+                    return report;
+                }
+            }
+        }
+        panic!(
+            "no final report of {pod} within 90 s:\n{}",
+            self.diagnostics().await
+        );
     }
 
     /// The agent's entry for `pod` in `status.pods`.

@@ -211,6 +211,7 @@ async fn the_plugin_shows_inspects_and_drains_a_running_streamapp() {
     );
 
     let pod = pod_name(1);
+    let since = s.status_version().await;
     let said = plugin(&["drain", &pod, "-n", ns]);
     assert!(said.starts_with(&format!("draining {ns}/{pod}")), "{said}");
     // While the drained pod's partition moves, no lookup says a processed id was not seen:
@@ -232,7 +233,7 @@ async fn the_plugin_shows_inspects_and_drains_a_running_streamapp() {
             verdicts
         })
     };
-    let last = s.wait_for_final_report(&pod).await;
+    let last = s.wait_for_final_report(&pod, &since).await;
     assert_eq!(last.last_shutdown_clean, Some(true), "{last:?}");
     assert_eq!(
         last.drain_requested_by,

@@ -158,10 +158,11 @@ async fn deleting_a_pod_runs_the_prestop_drain_and_its_successor_restores_nothin
 
     let pod = pod_name(0);
     let before = s.pod(&pod).await;
+    let since = s.status_version().await;
     s.kubectl(&["delete", "pod", &pod, "--wait=false"]);
     // The old pod's agent stops after the processor (a native sidecar) and reports its end:
     // drained, asked by the preStop hook over HTTP, not by the kubelet's SIGTERM.
-    let last = s.wait_for_final_report(&pod).await;
+    let last = s.wait_for_final_report(&pod, &since).await;
     assert_eq!(last.last_shutdown_clean, Some(true), "{last:?}");
     assert_eq!(
         last.drain_requested_by,

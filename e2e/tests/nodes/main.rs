@@ -468,10 +468,11 @@ async fn kubectl_drain_is_held_by_the_disruption_budget_and_each_evicted_pod_dra
     let [(first_pod, first_node), (second_pod, second_node)] = &away[..] else {
         unreachable!()
     };
+    let since = s.status_version().await;
     let mut cordoned = Cordoned(vec![first_node.clone()]);
     let (drained, output) = drain(first_node, Duration::from_secs(180));
     assert!(drained, "draining {first_node}:\n{output}");
-    let last = s.wait_for_final_report(first_pod).await;
+    let last = s.wait_for_final_report(first_pod, &since).await;
     assert_eq!(last.last_shutdown_clean, Some(true), "{last:?}");
     assert_eq!(
         last.drain_requested_by,
