@@ -7,13 +7,17 @@
 //! - [`cadence`]: when an entry is worth writing.
 //! - [`status_writer`]: server-side apply of the entry, under the pod's own field manager.
 //! - [`store_events`]: a Kubernetes Event per newly quarantined store and per store that backs off.
-//! - [`metrics`]: `streamapp_agent_*` metrics, `/metrics` and `/healthz`.
+//! - [`identity`]: `/identity`, whether this pod is the current pod of its name (asked by a
+//!   processor after a fence).
+//! - [`metrics`]: `streamapp_agent_*` metrics, and the HTTP server (`/metrics`, `/healthz`,
+//!   `/identity`).
 //! - [`run`]: the loop and the SIGTERM sequence; [`cli`]: its flags.
 
 pub mod cadence;
 pub mod cli;
 pub mod disk;
 pub mod error;
+pub mod identity;
 pub mod metrics;
 pub mod observe;
 pub mod report;

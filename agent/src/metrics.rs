@@ -1,4 +1,5 @@
-//! The agent's own metrics (`streamapp_agent_*`) and its `/metrics` and `/healthz` endpoints.
+//! The agent's own metrics (`streamapp_agent_*`) and its HTTP endpoints: `/metrics`,
+//! `/healthz` and `/identity` (crate::identity).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::error::{Error, Result};
+use crate::identity::IdentitySource;
 
 /// Prefix of every metric of the agent.
 pub const PREFIX: &str = "streamapp_agent";
@@ -99,8 +101,9 @@ impl Default for Metrics {
     }
 }
 
-/// Binds `0.0.0.0:port` and serves `/metrics` and `/healthz` until the process ends.
-pub async fn serve(port: u16, metrics: Arc<Metrics>) -> Result<()> {
+/// Binds `0.0.0.0:port` and serves `/metrics`, `/healthz` and `/identity` until the process
+/// ends.
+pub async fn serve(port: u16, metrics: Arc<Metrics>, identity: Arc<IdentitySource>) -> Result<()> {
     let addr = SocketAddr::from(([0, 0, 0, 0], port));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -108,7 +111,12 @@ pub async fn serve(port: u16, metrics: Arc<Metrics>) -> Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics_page))
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(metrics);
+        .with_state(metrics)
+        .merge(
+            Router::new()
+                .route(streamapp_api::identity::PATH, get(crate::identity::page))
+                .with_state(identity),
+        );
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "the metrics server stopped");

@@ -18,6 +18,7 @@ use tracing::{debug, info, warn};
 use crate::cadence::{Cadence, MIN_GAP};
 use crate::cli::RunArgs;
 use crate::error::{Error, Result};
+use crate::identity::IdentitySource;
 use crate::metrics::Metrics;
 use crate::observe::{Observation, Observer};
 use crate::report::{pod_status, significant};
@@ -40,7 +41,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     let client = Client::try_default().await.map_err(Error::KubeConfig)?;
     let metrics = Arc::new(Metrics::new());
-    crate::metrics::serve(args.metrics_port, metrics.clone()).await?;
+    let identity = IdentitySource::new(
+        client.clone(),
+        &args.namespace,
+        &args.pod_name,
+        args.pod_uid.clone(),
+    );
+    crate::metrics::serve(args.metrics_port, metrics.clone(), Arc::new(identity)).await?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(Error::Signal)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(Error::Signal)?;
 

@@ -24,6 +24,7 @@ pub mod config;
 pub mod crd;
 pub mod dead_letters;
 pub mod health;
+pub mod identity;
 pub mod lookup;
 pub mod probe;
 pub mod state_volume;

@@ -14,7 +14,7 @@ use streamapp_api::crd::StreamApp;
 use crate::owned;
 use crate::processor_config::HTTP_PORT;
 
-/// The agent's `/metrics` port (its `--metrics-port` default, which the pod template keeps).
+/// The agent's HTTP port (`/metrics`, `/identity`), set in the pod template.
 pub const AGENT_METRICS_PORT: u16 = 8081;
 
 /// Whether the StreamApp wants its NetworkPolicy (the default).

@@ -1,8 +1,8 @@
 //! The agent's identity and permissions: ServiceAccount, Role and RoleBinding `<name>-agent`.
 //!
-//! The agent may read its own StreamApp and patch only that StreamApp's status (both by
-//! `resourceNames`), and create events. Nothing else: a compromised pod cannot touch other
-//! apps or any other object.
+//! The agent may read its own StreamApp and patch only that StreamApp's status, read the app's
+//! own pods (all by `resourceNames`), and create events. Nothing else: a compromised pod cannot
+//! touch other apps or any other object.
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -22,6 +22,9 @@ pub fn desired_service_account(app: &StreamApp) -> ServiceAccount {
 /// What the agent may do.
 pub fn desired_role(app: &StreamApp) -> Role {
     let own = Some(vec![app.name_any()]);
+    let pods = (0..app.spec.replicas.max(1))
+        .map(|ordinal| format!("{}-{ordinal}", owned::workload_name(app)))
+        .collect();
     Role {
         metadata: owned::metadata(app, owned::agent_name(app)),
         rules: Some(vec![
@@ -37,6 +40,15 @@ pub fn desired_role(app: &StreamApp) -> Role {
                 resources: Some(vec!["streamapps/status".into()]),
                 resource_names: own,
                 verbs: vec!["get".into(), "patch".into()],
+                ..Default::default()
+            },
+            // Its own pod, to tell a processor after a fence whether the pod is still the
+            // current one of its name (streamapp_api::identity).
+            PolicyRule {
+                api_groups: Some(vec!["".into()]),
+                resources: Some(vec!["pods".into()]),
+                resource_names: Some(pods),
+                verbs: vec!["get".into()],
                 ..Default::default()
             },
             // Events cannot be limited by name (they are created with generated names).
@@ -108,6 +120,20 @@ mod tests {
             .unwrap();
         assert_eq!(app_rule.resource_names, Some(vec!["orders".to_string()]));
         assert_eq!(app_rule.verbs, ["get"]);
+        let pods = rules
+            .iter()
+            .find(|r| r.resources == Some(vec!["pods".into()]))
+            .unwrap();
+        assert_eq!(
+            pods.resource_names,
+            Some(vec![
+                "orders-0".to_string(),
+                "orders-1".to_string(),
+                "orders-2".to_string()
+            ]),
+            "the app's own pods (3 replicas), no other"
+        );
+        assert_eq!(pods.verbs, ["get"]);
         assert!(rules.iter().all(|r| {
             !r.verbs
                 .iter()

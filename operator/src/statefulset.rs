@@ -25,6 +25,7 @@ use kube::ResourceExt;
 use streamapp_api::crd::{RetainOrDelete, StreamApp};
 use streamapp_api::units::parse_duration;
 
+use crate::network_policy::AGENT_METRICS_PORT;
 use crate::owned;
 use crate::processor_config::{
     CONFIG_DIR, CONFIG_PATH, HTTP_PORT, KAFKA_TLS_DIR, STATE_DIR, WAL_DIR,
@@ -295,6 +296,12 @@ fn processor_container(app: &StreamApp) -> Container {
         env.push(plain_env("STREAMAPP_WAL_DIR", WAL_DIR));
     }
     env.push(plain_env("STREAMAPP_HTTP_PORT", &HTTP_PORT.to_string()));
+    // After a fence, the processor asks the agent whether this pod is still the current one
+    // of its name before it joins again (streamapp_api::identity).
+    env.push(plain_env(
+        "STREAMAPP_AGENT_PORT",
+        &AGENT_METRICS_PORT.to_string(),
+    ));
     if let Some(sasl) = &spec.kafka.sasl {
         env.push(secret_env(
             "KAFKA_SASL_USERNAME",
@@ -381,6 +388,11 @@ fn agent_container(app: &StreamApp) -> Container {
         plain_env("STREAMAPP_NAME", &app.name_any()),
         plain_env("STREAMAPP_STATE_DIR", STATE_DIR),
         plain_env("STREAMAPP_PROCESSOR_PORT", &HTTP_PORT.to_string()),
+        // The port the processor asks /identity on (and the NetworkPolicy admits /metrics on).
+        plain_env(
+            "STREAMAPP_AGENT_METRICS_PORT",
+            &AGENT_METRICS_PORT.to_string(),
+        ),
     ];
     if let Some(heartbeat) = &agent.heartbeat {
         env.push(plain_env("STREAMAPP_HEARTBEAT", heartbeat));

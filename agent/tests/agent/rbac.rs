@@ -157,3 +157,83 @@ async fn the_agents_service_account_may_report_its_own_pod_and_nothing_else() {
 
     ns.delete().await;
 }
+
+/// A pod object that never runs (no node has the label it asks for): only its UID matters.
+async fn create_pod(admin: &kube::Client, ns: &str, name: &str) -> String {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "spec": {
+            "nodeSelector": { "streamapp.dev/no-such-node": "true" },
+            "containers": [{ "name": "processor", "image": "streamapp:test" }],
+        },
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), ns)
+        .create(&Default::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating pod {ns}/{name}: {e}"))
+        .metadata
+        .uid
+        .unwrap()
+}
+
+/// What a processor asks after a fence (`/identity`), answered with the agent's own token: its
+/// pod is current; once the pod is replaced by another of the same name it is not; another
+/// app's pod or an ordinal past the replicas cannot be read at all.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_tells_its_own_pod_from_a_replacement_of_the_same_name() {
+    use streamapp_agent::identity::IdentitySource;
+
+    let admin = testbed::kube::client().await;
+    common::install_crd(&admin).await;
+    let ns = TestNamespace::create(&admin, "agent-identity").await;
+    common::create_app(&admin, &ns.name, "orders").await;
+    let sa = common::create_agent_rbac(&admin, &ns.name, "orders").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, _) = common::service_account_client(&admin, &ns.name, &sa, dir.path()).await;
+    let uid = create_pod(&admin, &ns.name, "orders-0").await;
+    let own = IdentitySource::new(agent.clone(), &ns.name, "orders-0", Some(uid.clone()));
+
+    // (The authorizer learns of the new RoleBinding within moments.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let answer = loop {
+        match own.answer().await {
+            Ok(answer) => break answer,
+            Err(why) => {
+                assert!(
+                    why.contains("forbidden") && tokio::time::Instant::now() < deadline,
+                    "{why}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(answer.is_current(), "{answer:?}");
+
+    // The pod deleted and made again under the same name (what the StatefulSet does after the
+    // operator replaced a lost node's pod): the old pod's agent is told it is not current.
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), &ns.name)
+        .delete(
+            "orders-0",
+            &kube::api::DeleteParams::default().grace_period(0),
+        )
+        .await
+        .unwrap();
+    let gone = own.answer().await.unwrap();
+    assert_eq!(gone.current_uid, None, "{gone:?}");
+    let new_uid = create_pod(&admin, &ns.name, "orders-0").await;
+    let replaced = own.answer().await.unwrap();
+    assert!(!replaced.is_current(), "{replaced:?}");
+    assert_eq!(replaced.current_uid.as_deref(), Some(new_uid.as_str()));
+    assert!(replaced.describe().contains("was replaced"), "{replaced:?}");
+
+    // Past its replicas (1): refused by RBAC, and the answer says which permission it lacks.
+    create_pod(&admin, &ns.name, "orders-1").await;
+    let other = IdentitySource::new(agent.clone(), &ns.name, "orders-1", Some(uid));
+    let why = other.answer().await.unwrap_err();
+    assert!(
+        why.contains("forbidden") && why.contains("get on pods/orders-1"),
+        "{why}"
+    );
+    ns.delete().await;
+}

@@ -6,6 +6,8 @@ use super::quarantine::{self, QuarantinedStore};
 
 /// File name of the health file inside the state dir.
 pub const HEALTH_FILE: &str = "health.json";
+/// File name of the fenced marker inside the state dir.
+pub const FENCED_FILE: &str = "FENCED";
 
 /// The state dir and, when one is configured, the separate WAL dir: every path on the volume
 /// is asked of this, so that the processor that writes a file and the programs that read it
@@ -30,6 +32,13 @@ impl StateDir {
 
     pub fn health_file(&self) -> PathBuf {
         self.root.join(HEALTH_FILE)
+    }
+
+    /// Written when the processor exits because another process took its identity (what
+    /// fenced it, in words); removed once its agent confirmed the pod is the current holder of
+    /// its name ([`crate::identity`]).
+    pub fn fenced_file(&self) -> PathBuf {
+        self.root.join(FENCED_FILE)
     }
 
     pub fn task_dir(&self, partition: i32) -> PathBuf {

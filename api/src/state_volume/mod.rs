@@ -8,6 +8,9 @@
 //! ```text
 //! <state-dir>/
 //!   health.json                       the health file (its content: crate::health)
+//!   FENCED                            this pod's identity was taken by another process: the
+//!                                     processor joins again only once its agent confirms the
+//!                                     pod is the current one (crate::identity)
 //!   tasks/<partition>/                one per input partition whose store is (or was) here
 //!     store/                          the task's RocksDB store (with its WAL `*.log` files…)
 //!     .checkpoint                     written by a drain, removed when processing starts

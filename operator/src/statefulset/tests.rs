@@ -103,6 +103,11 @@ fn processor_runs_with_the_contracted_command_env_port_and_probes() {
         Some("/var/lib/streamapp/state")
     );
     assert_eq!(env_str(p, "STREAMAPP_HTTP_PORT"), Some("8080"));
+    assert_eq!(
+        env_str(p, "STREAMAPP_AGENT_PORT"),
+        env_str(container(&sts, "agent"), "STREAMAPP_AGENT_METRICS_PORT"),
+        "the processor asks the agent on the port the agent serves"
+    );
     assert!(env_value(p, "STREAMAPP_WAL_DIR").is_none());
     assert!(env_value(p, "KAFKA_SASL_USERNAME").is_none());
     assert!(env_value(p, "STREAMAPP_KAFKA_TLS_DIR").is_none());

@@ -95,6 +95,7 @@ mod tests {
             sasl_password: None,
             kafka_tls_dir: None,
             drain_token: None,
+            agent_port: None,
         }
     }
 

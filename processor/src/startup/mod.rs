@@ -3,11 +3,13 @@
 //! In order: the configuration is loaded and resolved once ([`configuration`]: the file, the
 //! flags and the environment over it); the state dir is made ready (an interrupted quarantine
 //! finished, whether the last stop was clean); the HTTP server and the signal handler start;
-//! the topics are checked ([`topic_checks`]); the engines run until they drained or failed.
+//! the topics are checked ([`topic_checks`]); after a fence, the agent confirms that this pod
+//! is still the current one ([`identity_gate`]); the engines run until they drained or failed.
 //! Each way of not starting has its exit code ([`crate::EXIT_CONFIG`] when restarting cannot
 //! help).
 
 mod configuration;
+mod identity_gate;
 mod topic_checks;
 
 use std::path::PathBuf;
@@ -21,7 +23,7 @@ use streamapp_api::state_volume::{StateDir, checkpoint};
 use streamapp_processor::engine::{EngineConfig, EngineError};
 use streamapp_processor::faults::Faults;
 use streamapp_processor::metrics::Metrics;
-use streamapp_processor::shared::{Shared, now_ms};
+use streamapp_processor::shared::{DrainOutcome, Shared, now_ms};
 use streamapp_processor::store::SharedMemory;
 use streamapp_processor::{dead_letters, http, lookup, quarantine, workers};
 use tokio::runtime::Runtime;
@@ -63,6 +65,11 @@ pub struct RunArgs {
     /// Bearer token that allows the drain endpoint from other hosts.
     #[arg(long, env = "STREAMAPP_DRAIN_TOKEN", hide_env_values = true)]
     pub drain_token: Option<String>,
+    /// Port of the agent beside this processor in the pod, asked after a fence whether this
+    /// pod is still the current one (`streamapp_api::identity`). Without it, a fenced
+    /// processor joins again without asking.
+    #[arg(long, env = "STREAMAPP_AGENT_PORT")]
+    pub agent_port: Option<u16>,
 }
 
 /// Runs the processor until it drained (exit 0), was fenced, or failed.
@@ -178,10 +185,24 @@ pub fn run(args: RunArgs) -> ExitCode {
         shared,
         metrics,
     };
+    let shared = &process.shared;
+    if !identity_gate::wait_until_current(&shared.state_dir, args.agent_port, shared) {
+        // Stopped while waiting: nothing joined, so there is nothing to drain.
+        shared.update(true, |h| {
+            h.phase = ProcessorPhase::Drained;
+            h.drain_duration_ms = Some(0);
+        });
+        shared.finish_drain(DrainOutcome::Drained { duration_ms: 0 });
+        stop(runtime);
+        return ExitCode::SUCCESS;
+    }
     let code = match workers::run(&engine_config, &process, Faults::from_env()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("streamapp-processor: {e}");
+            if let EngineError::Fenced { .. } = e {
+                identity_gate::record_fence(&process.shared.state_dir, &e.to_string());
+            }
             ExitCode::from(exit_code(&e))
         }
     };
