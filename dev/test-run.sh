@@ -91,5 +91,12 @@ done
 "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --test processor -- "${filters[@]}" ||
   failed+=("the processor's tests that take the broker away (${broker_away_modules[*]})")
 
+# Figures the tests measured but do not assert (e2e/src/lib.rs, `report`).
+report="$STREAMAPP_RUN/reports/e2e.txt"
+if [[ -s $report ]]; then
+  log "the end-to-end report ($report):"
+  cat "$report"
+fi
+
 ((${#failed[@]} == 0)) || die "failed: $(IFS=';'; echo "${failed[*]}")"
 log "every test passed"

@@ -481,3 +481,24 @@ impl Sent {
 pub fn pod_name(ordinal: usize) -> String {
     format!("{APP}-{ordinal}")
 }
+
+/// The end-to-end report: figures the tests measure but do not assert (how long a failover
+/// took, say), one line each, in `$STREAMAPP_RUN/reports/e2e.txt`. `make test` prints it at the
+/// end (dev/test-run.sh); a test run alone prints its lines with `--nocapture`.
+pub fn report_path() -> PathBuf {
+    testbed::run_dir().join("reports").join("e2e.txt")
+}
+
+/// Adds `line` to the [end-to-end report](report_path).
+pub fn report(line: &str) {
+    use std::io::Write;
+    println!("{line}");
+    let path = report_path();
+    std::fs::create_dir_all(path.parent().unwrap()).expect("creating the reports folder");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+    writeln!(file, "{line}").unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}
