@@ -177,52 +177,6 @@ mod tests {
         ));
     }
 
-    /// Answers the identity requests on a loopback port with `answers`, one per connection.
-    fn agent_answering(answers: Vec<IdentityAnswer>) -> u16 {
-        use std::io::{Read, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        std::thread::spawn(move || {
-            for answer in answers {
-                let (mut stream, _) = listener.accept().unwrap();
-                let mut request = [0u8; 1024];
-                let n = stream.read(&mut request).unwrap();
-                assert!(String::from_utf8_lossy(&request[..n]).starts_with("GET /identity "));
-                let body = serde_json::to_string(&answer).unwrap();
-                write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-                .unwrap();
-            }
-        });
-        port
-    }
-
-    #[test]
-    fn a_replaced_pod_stays_unready_until_the_agent_says_it_is_current() {
-        let dir = tempfile::tempdir().unwrap();
-        let state = StateDir::new(dir.path(), None);
-        record_fence(&state, "the producer was fenced");
-        let shared = Shared::new(
-            state.clone(),
-            streamapp_api::health::ProcessorHealth::new("orders-1", "app", 0),
-            1,
-        );
-        let port = agent_answering(vec![answer(Some("uid-b")), answer(Some("uid-a"))]);
-        let started = std::time::Instant::now();
-        assert!(wait_until_current(&state, Some(port), &shared));
-        assert!(
-            started.elapsed() >= ASK_EVERY,
-            "it waited for the second answer"
-        );
-        let reason = shared.health().not_ready_reason.unwrap_or_default();
-        assert!(reason.contains("not the current pod"), "{reason}");
-        assert!(!shared.is_ready());
-        assert!(!state.fenced_file().exists());
-    }
-
     #[test]
     fn a_recorded_fence_without_an_agent_is_removed_and_the_processor_joins() {
         let dir = tempfile::tempdir().unwrap();
