@@ -477,6 +477,25 @@ impl Sent {
     }
 }
 
+/// A pod's processor container: how often the kubelet restarted it, and its last run's exit
+/// code (none before the first restart).
+pub fn processor_restarts(pod: &Pod) -> (i32, Option<i32>) {
+    let Some(processor) = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|all| all.iter().find(|c| c.name == "processor"))
+    else {
+        return (0, None);
+    };
+    let last = processor
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .map(|t| t.exit_code);
+    (processor.restart_count, last)
+}
+
 /// Pod names of a StreamApp with `replicas` pods.
 pub fn pod_name(ordinal: usize) -> String {
     format!("{APP}-{ordinal}")

@@ -9,19 +9,7 @@ use streamapp_e2e::{READY_TIMEOUT, Scenario, Sent, pod_name};
 
 /// The processor container's restart count and its last run's exit code.
 async fn last_exit(s: &Scenario, pod: &str) -> (i32, Option<i32>) {
-    let pod = s.pod(pod).await;
-    let processor = pod
-        .status
-        .and_then(|s| s.container_statuses)
-        .into_iter()
-        .flatten()
-        .find(|c| c.name == "processor")
-        .expect("the processor's container status");
-    let exit = processor
-        .last_state
-        .and_then(|s| s.terminated)
-        .map(|t| t.exit_code);
-    (processor.restart_count, exit)
+    streamapp_e2e::processor_restarts(&s.pod(pod).await)
 }
 
 #[tokio::test]

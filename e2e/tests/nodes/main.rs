@@ -600,24 +600,6 @@ async fn kubectl_drain_is_held_by_the_disruption_budget_and_each_evicted_pod_dra
     s.finish().await;
 }
 
-/// A processor container's crashes so far: its restart count and its last run's exit code.
-fn crashes(pod: &k8s_openapi::api::core::v1::Pod) -> (i32, Option<i32>) {
-    let processor = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|all| all.iter().find(|c| c.name == "processor"));
-    let Some(processor) = processor else {
-        return (0, None);
-    };
-    let last = processor
-        .last_state
-        .as_ref()
-        .and_then(|s| s.terminated.as_ref())
-        .map(|t| t.exit_code);
-    (processor.restart_count, last)
-}
-
 /// The incident behind the product, across nodes: an id's put is staged on node A and the
 /// process dies before the commit; the task moves to its standby on node B, which stages the
 /// put and dies too; the task moves back to A. Neither store may ever hold the aborted put: the
@@ -685,7 +667,7 @@ async fn the_incident_across_nodes_an_aborted_put_reaches_no_store_and_the_id_is
         );
         for pod in s.pods().await {
             let name = pod.metadata.name.clone().unwrap();
-            let (restarts, last) = crashes(&pod);
+            let (restarts, last) = streamapp_e2e::processor_restarts(&pod);
             let before = seen.insert(name.clone(), restarts).unwrap_or(0);
             if restarts > before {
                 assert_eq!(
