@@ -36,10 +36,12 @@ pub fn call(
     let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
-    write!(
-        stream,
+    // One write: `write!` on the bare stream would send each piece of the format as a segment
+    // of its own, and a server that reads the request once would see only its start.
+    let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
+    );
+    stream.write_all(request.as_bytes())?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw);

@@ -177,6 +177,76 @@ mod tests {
         ));
     }
 
+    /// Answers the identity requests on a loopback port with `answers`, one per connection
+    /// (each request read whole, to its blank line). A request that is not `GET /identity`
+    /// is answered 400, which keeps the gate waiting (and the test's bound ends it).
+    fn agent_answering(answers: Vec<IdentityAnswer>) -> u16 {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for answer in answers {
+                let (stream, _) = listener.accept().unwrap();
+                let mut reader = BufReader::new(stream);
+                let mut request_line = String::new();
+                reader.read_line(&mut request_line).unwrap();
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap() > 2 {
+                    line.clear();
+                }
+                let (status, body) = if request_line.starts_with("GET /identity ") {
+                    ("200 OK", serde_json::to_string(&answer).unwrap())
+                } else {
+                    ("400 Bad Request", format!("unexpected {request_line:?}"))
+                };
+                write!(
+                    reader.get_mut(),
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .unwrap();
+            }
+        });
+        port
+    }
+
+    #[test]
+    fn a_replaced_pod_stays_unready_until_the_agent_says_it_is_current() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path(), None);
+        record_fence(&state, "the producer was fenced");
+        let shared = Shared::new(
+            state.clone(),
+            streamapp_api::health::ProcessorHealth::new("orders-1", "app", 0),
+            1,
+        );
+        let port = agent_answering(vec![answer(Some("uid-b")), answer(Some("uid-a"))]);
+        let started = std::time::Instant::now();
+        // The wait has no end of its own (a replaced pod waits for its kubelet): a drain asked
+        // for after 30 s ends it, and the test fails instead of hanging.
+        let (done, watch) = std::sync::mpsc::channel::<()>();
+        let joined = std::thread::scope(|scope| {
+            let shared = &shared;
+            scope.spawn(move || {
+                if watch.recv_timeout(Duration::from_secs(30)).is_err() {
+                    shared.request_drain(streamapp_api::health::DrainRequest::Signal);
+                }
+            });
+            let joined = wait_until_current(&state, Some(port), &shared);
+            let _ = done.send(());
+            joined
+        });
+        let reason = shared.health().not_ready_reason.unwrap_or_default();
+        assert!(joined, "still waiting after 30 s: {reason}");
+        assert!(
+            started.elapsed() >= ASK_EVERY,
+            "it waited for the second answer"
+        );
+        assert!(reason.contains("not the current pod"), "{reason}");
+        assert!(!shared.is_ready());
+        assert!(!state.fenced_file().exists());
+    }
+
     #[test]
     fn a_recorded_fence_without_an_agent_is_removed_and_the_processor_joins() {
         let dir = tempfile::tempdir().unwrap();
