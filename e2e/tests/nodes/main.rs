@@ -7,8 +7,10 @@
 mod failover;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use streamapp_api::crd::StreamAppStatus;
 use streamapp_api::status_values::{DrainRequest, TaskState};
 use streamapp_e2e::{READY_TIMEOUT, Scenario, Sent};
@@ -211,6 +213,28 @@ async fn pod_away_from_the_operator(s: &Scenario) -> (String, String, String, u3
     (pod, uid, node, number)
 }
 
+/// The PersistentVolume bound to a pod's state claim (the StatefulSet's `state-<pod>`).
+async fn state_volume(s: &Scenario, pod: &str) -> String {
+    kube::Api::<PersistentVolumeClaim>::namespaced(s.client.clone(), &s.namespace)
+        .get(&format!("state-{pod}"))
+        .await
+        .unwrap()
+        .spec
+        .and_then(|spec| spec.volume_name)
+        .expect("a bound state claim")
+}
+
+/// A volume's phase and its local directory, while it exists.
+async fn volume_phase_and_dir(s: &Scenario, pv: &str) -> Option<(String, PathBuf)> {
+    let pv = kube::Api::<PersistentVolume>::all(s.client.clone())
+        .get_opt(pv)
+        .await
+        .unwrap()?;
+    let phase = pv.status.and_then(|st| st.phase).unwrap_or_default();
+    let dir = pv.spec.and_then(|spec| spec.local).expect("a local volume").path;
+    Some((phase, PathBuf::from(dir)))
+}
+
 /// The node the operator's pod runs on.
 async fn operator_node(s: &Scenario) -> String {
     kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(s.client.clone(), &s.namespace)
@@ -235,6 +259,8 @@ struct Loss {
     pod: String,
     uid: String,
     node: String,
+    /// Its state volume (a local PV on the lost node).
+    volume: String,
     /// Restart the node to undo.
     fault: NodeFault,
     at: Instant,
@@ -258,6 +284,7 @@ async fn lose_a_node(s: &Scenario, standbys: u32, node_loss: serde_yaml::Value) 
     sent.produce(s, 2000, 0.3, 0);
     s.wait_processed();
     let (pod, uid, node, number) = pod_away_from_the_operator(s).await;
+    let volume = state_volume(s, &pod).await;
     let active = failover::active_partitions(&s.status().await, &pod);
     assert!(!active.is_empty(), "{pod} processes some partitions");
     let at = Instant::now();
@@ -268,6 +295,7 @@ async fn lose_a_node(s: &Scenario, standbys: u32, node_loss: serde_yaml::Value) 
         pod,
         uid,
         node,
+        volume,
         fault,
         at,
     }
@@ -281,6 +309,7 @@ async fn a_node_lost_under_load_fails_over_to_standbys_and_its_pod_is_replaced_o
         pod: lost_pod,
         uid,
         node: lost_node,
+        volume: lost_volume,
         fault,
         at: lost_at,
         partitions,
@@ -314,6 +343,13 @@ async fn a_node_lost_under_load_fails_over_to_standbys_and_its_pod_is_replaced_o
     let (new_uid, new_node) = uid_and_node(&s, &lost_pod).await;
     assert_ne!(new_uid, uid, "a new pod");
     assert_ne!(new_node, lost_node, "on another node");
+    assert_ne!(state_volume(&s, &lost_pod).await, lost_volume, "a new volume");
+    // The old volume is on the dead node's disk: released, but nothing can wipe it yet.
+    let (phase, lost_dir) = volume_phase_and_dir(&s, &lost_volume)
+        .await
+        .expect("the lost node's volume stays while the node is down");
+    assert_eq!(phase, "Released");
+    assert!(lost_dir.is_dir(), "{}", lost_dir.display());
     failover::report(
         &format!("{lost_pod} replaced and Ready on another node"),
         1,
@@ -328,9 +364,19 @@ async fn a_node_lost_under_load_fails_over_to_standbys_and_its_pod_is_replaced_o
     sent.produce(&s, 1000, 0.3, 0);
     s.assert_exactly_once(&sent);
 
-    // The node boots again: it finds its pod gone and runs nothing of the app.
+    // The node boots again: it finds its pod gone and runs nothing of the app, and its old
+    // volume is deleted, directory and all.
     fault.undo();
     s.wait_ready(READY_TIMEOUT).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Some((phase, _)) = volume_phase_and_dir(&s, &lost_volume).await {
+        assert!(
+            Instant::now() < deadline,
+            "{lost_volume} still there ({phase}) a minute after its node came back"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(!lost_dir.exists(), "{}", lost_dir.display());
     let nodes = nodes_of_pods(&s).await;
     assert_eq!(
         nodes[&lost_pod], new_node,

@@ -8,15 +8,18 @@
 //!   class) a `local` volume on the node the scheduler picked for the claim's first pod (the
 //!   kubelet mounts it and applies the pod's fsGroup); with `Immediate` a hostPath volume;
 //! - a bound claim whose request grew has its volume and its status capacity raised;
-//! - a released volume with reclaim policy Delete is deleted, directory and all.
+//! - a released volume with reclaim policy Delete is deleted, directory and all — a local one
+//!   only while its node is Ready: its directory is that node's disk, which only the node
+//!   itself can wipe (as a real local-volume deleter runs on the node), so a dead node's volumes
+//!   stay until it is back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -63,8 +66,10 @@ async fn main() -> Result<()> {
     let client = Client::try_from(config)?;
     std::fs::create_dir_all(&args.volumes_dir)?;
     info!(volumes_dir = %args.volumes_dir.display(), "local provisioner running");
+    // Released volumes already announced as waiting for their node.
+    let mut waiting = BTreeSet::new();
     loop {
-        if let Err(e) = pass(&client, &args).await {
+        if let Err(e) = pass(&client, &args, &mut waiting).await {
             warn!(error = %format!("{e:#}"), "provisioning pass failed; retrying");
         }
         tokio::time::sleep(args.interval).await;
@@ -72,7 +77,7 @@ async fn main() -> Result<()> {
 }
 
 /// One look at every claim and volume.
-async fn pass(client: &Client, args: &Args) -> Result<()> {
+async fn pass(client: &Client, args: &Args, waiting: &mut BTreeSet<String>) -> Result<()> {
     let classes: BTreeMap<String, StorageClass> = Api::<StorageClass>::all(client.clone())
         .list(&ListParams::default())
         .await?
@@ -102,26 +107,90 @@ async fn pass(client: &Client, args: &Args) -> Result<()> {
             Some(pv_name) => resize(client, &pvs, &claim, pv_name).await?,
         }
     }
+    let ready_hosts = ready_hostnames(client).await?;
     for pv in pvs.list(&ListParams::default()).await?.items {
-        let ours = pv
-            .annotations()
-            .get("pv.kubernetes.io/provisioned-by")
-            .map(String::as_str)
-            == Some(PROVISIONER);
-        let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
-        let delete = pv
-            .spec
-            .as_ref()
-            .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
-            == Some("Delete");
-        if ours && released && delete && pv.metadata.deletion_timestamp.is_none() {
-            let dir = args.volumes_dir.join(pv.name_any());
-            let _ = std::fs::remove_dir_all(&dir);
-            pvs.delete(&pv.name_any(), &DeleteParams::default()).await?;
-            info!(pv = %pv.name_any(), "deleted released volume");
+        match cleanup(&pv, &ready_hosts) {
+            Cleanup::Keep => {}
+            Cleanup::WaitForNode(host) => {
+                if waiting.insert(pv.name_any()) {
+                    info!(pv = %pv.name_any(), node = %host, "released volume kept until its node is Ready");
+                }
+            }
+            Cleanup::Delete => {
+                let dir = args.volumes_dir.join(pv.name_any());
+                let _ = std::fs::remove_dir_all(&dir);
+                pvs.delete(&pv.name_any(), &DeleteParams::default()).await?;
+                waiting.remove(&pv.name_any());
+                info!(pv = %pv.name_any(), "deleted released volume");
+            }
         }
     }
     Ok(())
+}
+
+/// What becomes of a volume.
+#[derive(Debug, PartialEq, Eq)]
+enum Cleanup {
+    /// Not ours, not released, or kept by its reclaim policy.
+    Keep,
+    /// Released, to be deleted, but on a node that is not Ready (its hostname).
+    WaitForNode(String),
+    Delete,
+}
+
+fn cleanup(pv: &PersistentVolume, ready_hosts: &BTreeSet<String>) -> Cleanup {
+    let ours = pv
+        .annotations()
+        .get("pv.kubernetes.io/provisioned-by")
+        .map(String::as_str)
+        == Some(PROVISIONER);
+    let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
+    let spec = pv.spec.as_ref();
+    let delete = spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) == Some("Delete");
+    if !(ours && released && delete) || pv.metadata.deletion_timestamp.is_some() {
+        return Cleanup::Keep;
+    }
+    match spec.and_then(local_volume_host) {
+        Some(host) if !ready_hosts.contains(&host) => Cleanup::WaitForNode(host),
+        _ => Cleanup::Delete,
+    }
+}
+
+/// The hostname a local volume's node affinity names (hostPath volumes have none).
+fn local_volume_host(spec: &PersistentVolumeSpec) -> Option<String> {
+    spec.local.as_ref()?;
+    spec.node_affinity
+        .as_ref()?
+        .required
+        .as_ref()?
+        .node_selector_terms
+        .iter()
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .find(|e| e.key == "kubernetes.io/hostname" && e.operator == "In")
+        .and_then(|e| e.values.as_ref()?.first().cloned())
+}
+
+/// The `kubernetes.io/hostname` of every node whose Ready condition is True.
+async fn ready_hostnames(client: &Client) -> Result<BTreeSet<String>> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    Ok(nodes
+        .items
+        .iter()
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .map(|n| {
+            n.labels()
+                .get("kubernetes.io/hostname")
+                .cloned()
+                .unwrap_or_else(|| n.name_any())
+        })
+        .collect())
 }
 
 fn requested(claim: &PersistentVolumeClaim) -> Option<Quantity> {
@@ -199,7 +268,7 @@ async fn provision(
 
 /// The `kubernetes.io/hostname` label of a node, which local volumes' node affinity names.
 async fn hostname_of(client: &Client, node: &str) -> Result<String> {
-    let node_obj = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+    let node_obj = Api::<Node>::all(client.clone())
         .get(node)
         .await
         .with_context(|| format!("reading node {node}"))?;
@@ -249,4 +318,64 @@ async fn resize(
         .await?;
     info!(namespace = %ns, claim = %claim.name_any(), from = %have.0, to = %want.0, "expanded volume");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn released(source: serde_json::Value) -> PersistentVolume {
+        let mut spec = json!({ "persistentVolumeReclaimPolicy": "Delete" });
+        for (k, v) in source.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "pvc-1",
+                "annotations": { "pv.kubernetes.io/provisioned-by": PROVISIONER },
+            },
+            "spec": spec,
+            "status": { "phase": "Released" },
+        }))
+        .unwrap()
+    }
+
+    fn local_on(host: &str) -> PersistentVolume {
+        released(json!({
+            "local": { "path": "/v/pvc-1" },
+            "nodeAffinity": { "required": { "nodeSelectorTerms": [{ "matchExpressions": [
+                { "key": "kubernetes.io/hostname", "operator": "In", "values": [host] }
+            ] }] } },
+        }))
+    }
+
+    #[test]
+    fn a_released_local_volume_is_deleted_only_while_its_node_is_ready() {
+        let ready: BTreeSet<String> = ["node-1".to_string()].into();
+        assert_eq!(cleanup(&local_on("node-1"), &ready), Cleanup::Delete);
+        assert_eq!(
+            cleanup(&local_on("node-2"), &ready),
+            Cleanup::WaitForNode("node-2".into())
+        );
+    }
+
+    #[test]
+    fn a_released_host_path_volume_is_deleted_whatever_the_nodes() {
+        let pv = released(json!({ "hostPath": { "path": "/v/pvc-1" } }));
+        assert_eq!(cleanup(&pv, &BTreeSet::new()), Cleanup::Delete);
+    }
+
+    #[test]
+    fn bound_retained_and_foreign_volumes_are_kept() {
+        let ready: BTreeSet<String> = ["node-1".to_string()].into();
+        let mut bound = local_on("node-1");
+        bound.status.as_mut().unwrap().phase = Some("Bound".into());
+        assert_eq!(cleanup(&bound, &ready), Cleanup::Keep);
+        let mut retained = local_on("node-1");
+        retained.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Retain".into());
+        assert_eq!(cleanup(&retained, &ready), Cleanup::Keep);
+        let mut foreign = local_on("node-1");
+        foreign.metadata.annotations = None;
+        assert_eq!(cleanup(&foreign, &ready), Cleanup::Keep);
+    }
 }
