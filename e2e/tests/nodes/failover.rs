@@ -151,12 +151,26 @@ pub fn measure_first_output(
 ) -> SteadyInput {
     let input = SteadyInput::start(s);
     let took = first_committed_output(s, from, lost_at, Duration::from_secs(120));
+    let goal = session_timeout(s) + Duration::from_secs(10);
     report(
-        "first committed output of the lost partitions",
+        &format!(
+            "first committed output of the lost partitions (goal: session.timeout.ms + 10 s = \
+             {:.0} s, {}):",
+            goal.as_secs_f64(),
+            if took <= goal { "met" } else { "missed" }
+        ),
         standbys,
         took,
     );
     input
+}
+
+/// The app's `session.timeout.ms`, as the example sets it (librdkafka's 45 s when it does not).
+fn session_timeout(s: &Scenario) -> Duration {
+    let ms = s.example()["spec"]["kafka"]["properties"]["session.timeout.ms"]
+        .as_str()
+        .map_or(45_000, |v| v.parse().expect("session.timeout.ms is a number"));
+    Duration::from_millis(ms)
 }
 
 /// One line of the end-to-end report about a lost node.
