@@ -14,6 +14,11 @@ use clap::{Parser, Subcommand};
 use streamapp_api::units::parse_duration;
 use streamapp_processor::inspect;
 
+/// jemalloc for every allocation of the process: Rust's through this, RocksDB's and
+/// librdkafka's through the unprefixed `malloc` it exports (the workspace's Cargo.toml says why).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Exit codes: what a supervisor (and a test) can tell apart.
 const EXIT_FAILED: u8 = 1;
 /// The configuration, or a start-up check of the topics, refused: restarting does not help.
