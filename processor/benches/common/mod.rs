@@ -27,6 +27,11 @@ use rdkafka::{Offset, TopicPartitionList};
 use testbed::kafka::{self, Isolation};
 use testbed::process::free_port;
 
+/// The reference systems (skeleton, copy) run as children of this program: on the processor's
+/// allocator, so that the floor they measure is not raised by a slower one.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 pub const PROCESSOR_BIN: &str = env!("CARGO_BIN_EXE_streamapp-processor");
 pub const PARTITIONS: i32 = 4;
 /// Every system commits every 100 ms (the processor's default, Kafka Streams' EOS default).
