@@ -169,7 +169,9 @@ pub fn measure_first_output(
 fn session_timeout(s: &Scenario) -> Duration {
     let ms = s.example()["spec"]["kafka"]["properties"]["session.timeout.ms"]
         .as_str()
-        .map_or(45_000, |v| v.parse().expect("session.timeout.ms is a number"));
+        .map_or(45_000, |v| {
+            v.parse().expect("session.timeout.ms is a number")
+        });
     Duration::from_millis(ms)
 }
 

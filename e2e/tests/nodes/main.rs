@@ -231,7 +231,11 @@ async fn volume_phase_and_dir(s: &Scenario, pv: &str) -> Option<(String, PathBuf
         .await
         .unwrap()?;
     let phase = pv.status.and_then(|st| st.phase).unwrap_or_default();
-    let dir = pv.spec.and_then(|spec| spec.local).expect("a local volume").path;
+    let dir = pv
+        .spec
+        .and_then(|spec| spec.local)
+        .expect("a local volume")
+        .path;
     Some((phase, PathBuf::from(dir)))
 }
 
@@ -343,7 +347,11 @@ async fn a_node_lost_under_load_fails_over_to_standbys_and_its_pod_is_replaced_o
     let (new_uid, new_node) = uid_and_node(&s, &lost_pod).await;
     assert_ne!(new_uid, uid, "a new pod");
     assert_ne!(new_node, lost_node, "on another node");
-    assert_ne!(state_volume(&s, &lost_pod).await, lost_volume, "a new volume");
+    assert_ne!(
+        state_volume(&s, &lost_pod).await,
+        lost_volume,
+        "a new volume"
+    );
     // The old volume is on the dead node's disk: released, but nothing can wipe it yet.
     let (phase, lost_dir) = volume_phase_and_dir(&s, &lost_volume)
         .await

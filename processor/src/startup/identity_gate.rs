@@ -232,7 +232,7 @@ mod tests {
                     shared.request_drain(streamapp_api::health::DrainRequest::Signal);
                 }
             });
-            let joined = wait_until_current(&state, Some(port), &shared);
+            let joined = wait_until_current(&state, Some(port), shared);
             let _ = done.send(());
             joined
         });

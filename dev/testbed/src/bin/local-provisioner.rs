@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec};
+use k8s_openapi::api::core::v1::{
+    Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec,
+};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -372,7 +374,11 @@ mod tests {
         bound.status.as_mut().unwrap().phase = Some("Bound".into());
         assert_eq!(cleanup(&bound, &ready), Cleanup::Keep);
         let mut retained = local_on("node-1");
-        retained.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Retain".into());
+        retained
+            .spec
+            .as_mut()
+            .unwrap()
+            .persistent_volume_reclaim_policy = Some("Retain".into());
         assert_eq!(cleanup(&retained, &ready), Cleanup::Keep);
         let mut foreign = local_on("node-1");
         foreign.metadata.annotations = None;
