@@ -54,15 +54,20 @@ pub async fn real_nodes(client: &Client) -> Vec<(String, bool)> {
         .items
         .into_iter()
         .map(|node| {
-            let ready = node
-                .status
-                .and_then(|s| s.conditions)
-                .into_iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            (node.metadata.name.unwrap_or_default(), ready)
+            (
+                node.metadata.name.clone().unwrap_or_default(),
+                is_ready(&node),
+            )
         })
         .collect()
+}
+
+/// Whether a node's Ready condition is True.
+pub fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Panics, naming the service, unless at least `count` real nodes are registered and every

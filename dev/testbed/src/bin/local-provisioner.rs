@@ -109,8 +109,17 @@ async fn pass(client: &Client, args: &Args, waiting: &mut BTreeSet<String>) -> R
             Some(pv_name) => resize(client, &pvs, &claim, pv_name).await?,
         }
     }
-    let ready_hosts = ready_hostnames(client).await?;
-    for pv in pvs.list(&ListParams::default()).await?.items {
+    let volumes = pvs.list(&ListParams::default()).await?.items;
+    // The nodes matter only to a released local volume: listed only when there is one.
+    let ready_hosts = if volumes
+        .iter()
+        .any(|pv| matches!(cleanup(pv, &BTreeSet::new()), Cleanup::WaitForNode(_)))
+    {
+        ready_hostnames(client).await?
+    } else {
+        BTreeSet::new()
+    };
+    for pv in volumes {
         match cleanup(&pv, &ready_hosts) {
             Cleanup::Keep => {}
             Cleanup::WaitForNode(host) => {
@@ -180,12 +189,7 @@ async fn ready_hostnames(client: &Client) -> Result<BTreeSet<String>> {
     Ok(nodes
         .items
         .iter()
-        .filter(|n| {
-            n.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
+        .filter(|n| testbed::node::is_ready(n))
         .map(|n| {
             n.labels()
                 .get("kubernetes.io/hostname")
