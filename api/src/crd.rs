@@ -134,7 +134,6 @@ use crate::status_values::{
     validation = Rule::new("!has(self.rocksdb) || !has(self.rocksdb.writeBufferSize) || !has(self.rocksdb.memtableBudget) || quantity(self.rocksdb.memtableBudget).compareTo(quantity(self.rocksdb.writeBufferSize)) >= 0").message("rocksdb.memtableBudget must be at least rocksdb.writeBufferSize"),
     validation = Rule::new("duration(self.topology.maxSkew) < duration(self.topology.retention)").message("topology.maxSkew must be less than topology.retention (ids are remembered for retention minus maxSkew at least)"),
     validation = Rule::new("!has(self.standbyReplicas) || self.standbyReplicas == 0 || !has(self.kafka.properties) || ((!('sasl.mechanism' in self.kafka.properties) || self.kafka.properties['sasl.mechanism'].upperAscii() in ['PLAIN', 'SCRAM-SHA-256', 'SCRAM-SHA-512']) && (!('sasl.mechanisms' in self.kafka.properties) || self.kafka.properties['sasl.mechanisms'].upperAscii() in ['PLAIN', 'SCRAM-SHA-256', 'SCRAM-SHA-512']) && (!('security.protocol' in self.kafka.properties) || !self.kafka.properties['security.protocol'].lowerAscii().startsWith('sasl') || 'sasl.mechanism' in self.kafka.properties || 'sasl.mechanisms' in self.kafka.properties))").message("standbyReplicas with SASL needs kafka.properties sasl.mechanism PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512: the state-aware group membership does not speak GSSAPI (librdkafka's default) or OAUTHBEARER"),
-    validation = Rule::new("!has(self.standbyReplicas) || self.standbyReplicas == 0 || !has(self.processingThreads) || self.processingThreads == 1").message("processingThreads must be 1 with standbyReplicas: the state-aware membership places one member per pod"),
     validation = Rule::new("quantity(self.topology.maxValueSize).asInteger() + 65536 <= (has(self.kafka.properties) && 'message.max.bytes' in self.kafka.properties ? int(self.kafka.properties['message.max.bytes']) : 1000000)").message("topology.maxValueSize plus 64Ki for key and headers must fit the producer's message.max.bytes (kafka.properties.message.max.bytes, librdkafka's default 1000000): use at most 934464 bytes (the default is 900k) or raise message.max.bytes"),
 )]
 #[serde(rename_all = "camelCase")]
@@ -162,7 +161,8 @@ pub struct StreamAppSpec {
     /// group member with its own transactional producer and its own share of the partitions,
     /// so a pod with several partitions uses that many cores (give the container the CPU).
     /// Memory does not grow with it: the pod's stores share one block cache and memtable
-    /// budget. Must be 1 with `standbyReplicas`.
+    /// budget. With `standbyReplicas`, a task's standbys are kept on other pods than its
+    /// active thread's.
     #[serde(
         default = "default_processing_threads",
         skip_serializing_if = "one_thread"

@@ -121,13 +121,6 @@ impl ProcessorConfig {
                 "processingThreads",
                 format!("must be from 1 to {MAX_PROCESSING_THREADS}"),
             );
-        } else if self.processing_threads > 1 && self.group.standby_replicas > 0 {
-            errors.push(
-                "processingThreads",
-                "must be 1 with standby replicas: the state-aware membership places one member \
-                 per pod (a standby must not share a pod, and so a state directory, with its \
-                 active task)",
-            );
         }
         let (Some(topology), Some(rocksdb), Some(timing), Some(drain_timeout), Some(liveness)) =
             (topology, rocksdb, timing, drain_timeout, liveness_timeout)

@@ -4,6 +4,7 @@
 //! configuration change, scaling, too little memory, a missing image — and checks what they
 //! would check: each command id exactly once in Kafka, and what `kubectl` shows.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -751,6 +752,8 @@ async fn with_a_standby_replica_every_partition_has_a_warm_copy_on_the_other_pod
     let s = Scenario::start("standbys", 4).await;
     let mut app = s.example();
     app["spec"]["standbyReplicas"] = 1.into();
+    // Two threads per pod: four members, and each task's copy still on the other pod.
+    app["spec"]["processingThreads"] = 2.into();
     s.apply(&app);
     s.wait_ready(READY_TIMEOUT).await;
 
@@ -767,12 +770,34 @@ async fn with_a_standby_replica_every_partition_has_a_warm_copy_on_the_other_pod
             |st| st.standby_coverage.as_deref() == Some("4/4"),
         )
         .await;
+    let group = s.application_id();
+    assert_eq!(
+        testbed::kafka::group_members(&group),
+        4,
+        "two pods of two processing threads: four group members (group {})",
+        testbed::kafka::group_state(&group)
+    );
     for pod in &status.pods {
         let states: Vec<_> = pod.tasks.iter().filter_map(|t| t.state.as_ref()).collect();
         assert!(
             states.contains(&&TaskState::Active) && states.contains(&&TaskState::Standby),
             "{}: {states:?}",
             pod.name
+        );
+        // A pod never keeps a copy of a task one of its own threads runs.
+        let in_state = |state: TaskState| -> BTreeSet<i32> {
+            pod.tasks
+                .iter()
+                .filter(|t| t.state.as_ref() == Some(&state))
+                .map(|t| t.partition)
+                .collect()
+        };
+        let (active, standby) = (in_state(TaskState::Active), in_state(TaskState::Standby));
+        assert!(
+            active.is_disjoint(&standby),
+            "{}: {:?}",
+            pod.name,
+            pod.tasks
         );
     }
     // kubectl aligns the columns (an empty one, such as BEHIND at no lag, is blank): the

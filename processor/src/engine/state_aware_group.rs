@@ -135,6 +135,7 @@ impl StateAwareGroup {
         })?;
         let report = Arc::new(EngineReport {
             report: Mutex::new(Report {
+                pod: Some(cfg.pod.clone()),
                 node: cfg.group.node.clone(),
                 stores: stores_on_disk(state, &cfg.changelog_topic, cfg.changelog_topic_id),
                 active: BTreeSet::new(),
@@ -151,7 +152,7 @@ impl StateAwareGroup {
             GroupConfig {
                 bootstrap,
                 group_id: cfg.application_id.clone(),
-                instance_id: cfg.pod.clone(),
+                instance_id: cfg.member_id(),
                 topic: cfg.dedup_input().to_string(),
                 tasks: cfg.input_partitions as i32,
                 routes: cfg.repartition_topic.as_ref().map(|_| {
@@ -288,7 +289,7 @@ impl Engine {
                             group_id: self.cfg.application_id.clone(),
                             generation_id: generation.generation_id,
                             member_id: generation.member_id,
-                            instance_id: Some(self.cfg.pod.clone()),
+                            instance_id: Some(self.cfg.member_id()),
                         });
                     }
                     self.on_assigned(consumer, share);

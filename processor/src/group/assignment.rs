@@ -12,12 +12,17 @@
 //!    stays active on the most caught-up member that is, and the placement's member gets a
 //!    **warm-up** (a standby that is a move in progress); the leader then asks for a probing
 //!    rebalance, and once the warm-up is within the acceptable lag the task moves.
-//! 3. Each task gets up to `standby_replicas` standbys on other members than its active (and
-//!    its warm-up), preferring members on other nodes than the active's (a standby on the
-//!    active's node is lost with it, however caught up), then members that hold its state,
-//!    then the least loaded.
+//! 3. Each task gets up to `standby_replicas` standbys on other pods than its active (and
+//!    its warm-up), at most one per pod, preferring pods on other nodes than the active's (a
+//!    standby on the active's node is lost with it, however caught up), then members that
+//!    hold its state, then the least loaded.
 //! 4. A repartitioning topology's route stage (input partitions, no state) is spread evenly
 //!    over the members, the same way for the same members.
+//!
+//! A pod with several processing threads is several members, which share one state directory
+//! (ADR 0001, "Processing threads"): what one of them reports holding, each of them holds, so a
+//! task moves between the threads of one pod without a warm-up, and a pod never keeps a standby
+//! of a task it runs (there is one store directory per task in a pod).
 //!
 //! While the group also has members that only know Kafka's `range` assignor (a rollout that
 //! turns standbys on or off), the coordinator picks `range`, and a leader of ours computes it
@@ -29,6 +34,9 @@ use std::collections::{BTreeMap, BTreeSet};
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Member {
     pub id: String,
+    /// The pod it runs in (its processing threads are members of their own); `None` from a
+    /// member that does not say, which is then a pod of its own.
+    pub pod: Option<String>,
     /// The Kubernetes node it runs on, if known (standbys go to other nodes first).
     pub node: Option<String>,
     /// The changelog offset each store it holds has applied (active, standby or left on its
@@ -79,10 +87,36 @@ fn lag(member: &Member, task: i32, facts: &Facts) -> Option<u64> {
         .map(|&offset| end.saturating_sub(offset).max(0) as u64)
 }
 
+/// The pod a member runs in.
+fn pod(member: &Member) -> &str {
+    member.pod.as_deref().unwrap_or(&member.id)
+}
+
+/// The members as the assignor sees them: each holds every store its pod's members report,
+/// at the furthest offset any of them reports (they share the pod's state directory).
+fn pooled_by_pod(members: &[Member]) -> Vec<Member> {
+    let mut stores: BTreeMap<&str, BTreeMap<i32, i64>> = BTreeMap::new();
+    for m in members {
+        let pooled = stores.entry(pod(m)).or_default();
+        for (&task, &offset) in &m.stores {
+            let held = pooled.entry(task).or_insert(offset);
+            *held = (*held).max(offset);
+        }
+    }
+    members
+        .iter()
+        .map(|m| Member {
+            stores: stores[pod(m)].clone(),
+            ..m.clone()
+        })
+        .collect()
+}
+
 /// Decides the active, standby and warm-up tasks of every member. Deterministic: the same
 /// reports give the same assignment.
 pub fn assign(members: &[Member], facts: &Facts) -> Assignment {
-    let mut members: Vec<&Member> = members.iter().collect();
+    let pooled = pooled_by_pod(members);
+    let mut members: Vec<&Member> = pooled.iter().collect();
     members.sort_by(|a, b| a.id.cmp(&b.id));
     let mut out = Assignment {
         members: members
@@ -153,15 +187,21 @@ pub fn assign(members: &[Member], facts: &Facts) -> Assignment {
         }
     }
 
-    // 3. Standbys on other members: other nodes first, then state, then the least loaded.
+    // 3. Standbys on other pods, one per pod: other nodes first, then state, then the least
+    // loaded.
     let mut standby_load = vec![0usize; members.len()];
     let mut standbys: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
     for &t in &tasks {
         let active = active_of[&t];
         let warm = warm_up_of.get(&t).copied();
         let active_node = members[active].node.as_deref();
+        let mut taken_pods: BTreeSet<&str> = [Some(active), warm]
+            .into_iter()
+            .flatten()
+            .map(|i| pod(members[i]))
+            .collect();
         let mut candidates: Vec<usize> = (0..members.len())
-            .filter(|&i| i != active && Some(i) != warm)
+            .filter(|&i| !taken_pods.contains(pod(members[i])))
             .collect();
         candidates.sort_by_key(|&i| {
             let m = members[i];
@@ -175,6 +215,7 @@ pub fn assign(members: &[Member], facts: &Facts) -> Assignment {
         });
         let chosen: Vec<usize> = candidates
             .into_iter()
+            .filter(|&i| taken_pods.insert(pod(members[i])))
             .take(facts.standby_replicas)
             .collect();
         for &i in &chosen {
@@ -268,6 +309,7 @@ mod tests {
     fn member(id: &str, active: &[i32], stores: &[(i32, i64)]) -> Member {
         Member {
             id: id.into(),
+            pod: None,
             node: Some(format!("node-{id}")),
             stores: stores.iter().copied().collect(),
             active: active.iter().copied().collect(),
@@ -407,6 +449,82 @@ mod tests {
         ];
         let a = assign(&members, &facts(3, 1000, 1));
         assert!(a.members["c"].standby.contains(&0), "{a:?}");
+    }
+
+    /// Member `id` as processing thread of `pod`.
+    fn thread_of(pod: &str, id: &str, active: &[i32], stores: &[(i32, i64)]) -> Member {
+        Member {
+            pod: Some(pod.into()),
+            node: Some(format!("node-{pod}")),
+            ..member(id, active, stores)
+        }
+    }
+
+    #[test]
+    fn standbys_go_to_another_pod_never_to_a_thread_of_the_actives_pod() {
+        // Two pods of two threads; each pod holds caught-up copies of every task, so only the
+        // pod rule keeps a standby off its active's pod.
+        let all: Vec<(i32, i64)> = (0..4).map(|t| (t, 1000)).collect();
+        let members = [
+            thread_of("a", "a", &[0], &all),
+            thread_of("a", "a-thread-1", &[1], &all),
+            thread_of("b", "b", &[2], &all),
+            thread_of("b", "b-thread-1", &[3], &all),
+        ];
+        let a = assign(&members, &facts(4, 1000, 1));
+        every_task_once(&a, 4);
+        let pod_of = |id: &str| id.split("-thread-").next().unwrap().to_string();
+        for t in 0..4 {
+            let holders = |f: fn(&MemberAssignment) -> &BTreeSet<i32>| -> Vec<String> {
+                a.members
+                    .iter()
+                    .filter(|(_, m)| f(m).contains(&t))
+                    .map(|(id, _)| pod_of(id))
+                    .collect()
+            };
+            let (active, standby) = (holders(|m| &m.active), holders(|m| &m.standby));
+            assert_eq!(standby.len(), 1, "task {t}: {a:?}");
+            assert_ne!(
+                active, standby,
+                "task {t}'s standby on its active's pod: {a:?}"
+            );
+        }
+        // Each thread keeps its task; each pod keeps the other's two standbys, one per thread.
+        assert_eq!(active(&a, "a-thread-1"), [1]);
+        for id in ["a", "a-thread-1", "b", "b-thread-1"] {
+            assert_eq!(a.members[id].standby.len(), 1, "{id}: {a:?}");
+        }
+        // Three standbys asked of two pods: one pod besides the active's, so one each.
+        let a = assign(&members, &facts(4, 1000, 3));
+        let standbys: usize = a.members.values().map(|m| m.standby.len()).sum();
+        assert_eq!(standbys, 4, "{a:?}");
+    }
+
+    #[test]
+    fn a_pods_threads_share_its_stores_so_a_task_moves_between_them_without_a_warm_up() {
+        // pod a ran alone with one thread holding both tasks; its second thread starts and
+        // reports nothing of its own (the store directories are the first thread's so far).
+        let members = [
+            thread_of("a", "a", &[0, 1], &[(0, 1000), (1, 1000)]),
+            thread_of("a", "a-thread-1", &[], &[]),
+        ];
+        let a = assign(&members, &facts(2, 1000, 1));
+        every_task_once(&a, 2);
+        assert_eq!(active(&a, "a"), [0]);
+        assert_eq!(active(&a, "a-thread-1"), [1], "moved at once: {a:?}");
+        assert!(!a.probing_rebalance, "no warm-up inside one pod: {a:?}");
+        assert!(
+            a.members.values().all(|m| m.standby.is_empty()),
+            "no other pod for a standby: {a:?}"
+        );
+        // A member of another pod without the state still warms up first.
+        let members = [
+            thread_of("a", "a", &[0, 1], &[(0, 1000), (1, 1000)]),
+            thread_of("b", "b", &[], &[]),
+        ];
+        let a = assign(&members, &facts(2, 1000, 0));
+        assert_eq!(active(&a, "a"), [0, 1]);
+        assert_eq!(a.members["b"].warm_up.len(), 1, "{a:?}");
     }
 
     #[test]

@@ -30,6 +30,11 @@ const CONSUMER_PROTOCOL_VERSION: i16 = 1;
 /// A member's report in each JoinGroup.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
+    /// The pod the member runs in: a pod's processing threads are members of their own that
+    /// share its state directory. Absent from members of releases before processing threads
+    /// and standbys went together (each was a pod of its own).
+    #[serde(default)]
+    pub pod: Option<String>,
     /// The Kubernetes node the member runs on, if known.
     pub node: Option<String>,
     /// The changelog offset each store it holds has applied, by task.
@@ -222,6 +227,7 @@ mod tests {
     #[test]
     fn a_report_and_a_share_survive_their_encoding() {
         let report = Report {
+            pod: Some("pod-a".into()),
             node: Some("node-a".into()),
             stores: BTreeMap::from([(0, 120), (3, 7)]),
             active: BTreeSet::from([0]),

@@ -527,6 +527,7 @@ impl Member {
             last_generation.extend(report.members);
             reports.push(assignment::Member {
                 id,
+                pod: report.pod,
                 node: report.node,
                 stores: report.stores,
                 active: report.active,

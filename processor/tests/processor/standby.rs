@@ -287,7 +287,7 @@ async fn app_with_standbys(prefix: &str, partitions: i32) -> App {
 }
 
 /// The partitions the health report lists in `state`.
-fn in_state(h: &ProcessorHealth, state: TaskState) -> BTreeSet<i32> {
+pub(crate) fn in_state(h: &ProcessorHealth, state: TaskState) -> BTreeSet<i32> {
     h.tasks
         .iter()
         .filter(|t| t.state == Some(state))
@@ -296,7 +296,7 @@ fn in_state(h: &ProcessorHealth, state: TaskState) -> BTreeSet<i32> {
 }
 
 /// Every standby copy the report lists has applied its changelog up to `ends`.
-fn standbys_caught_up(h: &ProcessorHealth, ends: &[i64]) -> bool {
+pub(crate) fn standbys_caught_up(h: &ProcessorHealth, ends: &[i64]) -> bool {
     let standbys: Vec<_> = h
         .tasks
         .iter()

@@ -2,15 +2,18 @@
 //! `num.stream.threads`), against the real broker: each thread is a group member of its own
 //! with its own transactional producer, the threads split the partitions and all of them
 //! process, the process reports every thread's tasks, drains them all, and exactly-once holds
-//! through a kill -9 and a restart with another number of threads.
+//! through a kill -9 and a restart with another number of threads. With standbys, a pod's
+//! threads keep their copies of the other pods' tasks, never of their own pod's.
 
 use crate::common;
 
 use std::time::Duration;
 
 use common::*;
-use streamapp_api::health::{ProcessorPhase, StoreOpen};
+use streamapp_api::health::{ProcessorPhase, StoreOpen, TaskState};
 use testbed::kafka;
+
+use crate::standby::{in_state, standbys_caught_up};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -167,4 +170,100 @@ async fn a_second_two_thread_pod_takes_half_the_partitions_over_and_each_id_is_o
             p.pod
         );
     }
+}
+
+/// Two pods of two threads, a standby each: four members, each task active on one thread and
+/// kept warm on the other pod, never on its own (a pod has one store directory per task).
+/// When a pod is lost, the other pod's threads take its tasks from their copies, replaying
+/// nothing, and each id is output once.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_thread_pods_with_standbys_keep_the_copies_on_the_other_pod_and_fail_over_without_a_replay()
+ {
+    let _serial = serial().await;
+    let app = App::create(
+        "threads-standby",
+        AppOptions {
+            partitions: 4,
+            extra: serde_json::json!({
+                "processingThreads": 2,
+                "group": { "standbyReplicas": 1, "probingRebalanceInterval": "5s" },
+            }),
+            ..AppOptions::default()
+        },
+    )
+    .await;
+    const IDS: usize = 40_000;
+    let t0 = now_ms();
+    let mut a = app.start("pod-a");
+    let mut b = app.start("pod-b");
+    a.wait_ready(MINUTE);
+    b.wait_ready(MINUTE);
+    app.produce(&ids("s", 0..IDS, t0));
+    app.wait_until_processed(2 * MINUTE);
+    assert_eq!(kafka::group_members(&app.id), 4, "two pods of two threads");
+
+    let ends = kafka::end_offsets(&app.changelog());
+    let settled = |h: &streamapp_api::health::ProcessorHealth| {
+        in_state(h, TaskState::Active).len() == 2
+            && in_state(h, TaskState::Standby).len() == 2
+            && standbys_caught_up(h, &ends)
+    };
+    let a_health = a.wait_health(
+        "two active tasks, two caught-up standbys",
+        2 * MINUTE,
+        settled,
+    );
+    let b_health = b.wait_health(
+        "two active tasks, two caught-up standbys",
+        2 * MINUTE,
+        settled,
+    );
+    let a_active = in_state(&a_health, TaskState::Active);
+    assert_eq!(
+        in_state(&b_health, TaskState::Standby),
+        a_active,
+        "pod-b keeps pod-a's tasks warm"
+    );
+    assert_eq!(
+        in_state(&a_health, TaskState::Standby),
+        in_state(&b_health, TaskState::Active),
+        "pod-a keeps pod-b's tasks warm"
+    );
+
+    // pod-a is lost: pod-b's two threads take its tasks over from their standbys.
+    a.kill9();
+    let taken_over = b.wait_health("every task active on pod-b", 2 * MINUTE, |h| {
+        in_state(h, TaskState::Active).len() == 4
+    });
+    for t in taken_over
+        .tasks
+        .iter()
+        .filter(|t| a_active.contains(&t.partition))
+    {
+        let restore = t
+            .restore
+            .as_ref()
+            .expect("a promoted standby reports its replay");
+        assert_eq!(
+            (restore.records_to_restore, restore.records_restored),
+            (0, 0),
+            "partition {} was caught up on pod-b: nothing to replay",
+            t.partition
+        );
+    }
+    assert_eq!(
+        b.metric("streamapp_processor_restore_records_total"),
+        Some(0.0),
+        "pod-b restored nothing at all"
+    );
+    assert_eq!(
+        kafka::group_members(&app.id),
+        2,
+        "pod-a's members left with it"
+    );
+
+    // Exactly once across the failover: new ids once, repeats of old ones are duplicates.
+    app.produce(&ids("s", IDS - 1_000..IDS + 1_000, t0 + 20_000));
+    app.wait_until_processed(2 * MINUTE);
+    assert_each_id_once(&app, IDS + 1_000, 1_000);
 }

@@ -214,15 +214,19 @@ fn standbys_take_their_timing_from_the_client_properties_and_refuse_what_the_mem
 }
 
 #[test]
-fn processing_threads_are_one_to_sixteen_and_one_with_standbys() {
+fn processing_threads_are_one_to_sixteen_with_or_without_standbys() {
     let mut c = processor_config(&[]);
-    for (threads, ok) in [(0, false), (1, true), (4, true), (16, true), (17, false)] {
-        c.processing_threads = threads;
-        assert_eq!(c.validate().is_ok(), ok, "{threads} threads");
+    for standby_replicas in [0, 1] {
+        c.group.standby_replicas = standby_replicas;
+        for (threads, ok) in [(0, false), (1, true), (4, true), (16, true), (17, false)] {
+            c.processing_threads = threads;
+            assert_eq!(
+                c.validate().is_ok(),
+                ok,
+                "{threads} threads, {standby_replicas} standbys"
+            );
+        }
     }
-    c.processing_threads = 2;
-    c.group.standby_replicas = 1;
-    assert_eq!(c.validate().unwrap_err().fields(), ["processingThreads"]);
 }
 
 #[test]
