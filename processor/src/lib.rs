@@ -13,6 +13,7 @@ pub mod internal_topic;
 pub mod json_pointer;
 pub mod kafka_errors;
 pub mod lifecycle;
+pub mod log_ends;
 pub mod lookup;
 pub mod metrics;
 pub mod open_transactions;

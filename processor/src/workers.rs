@@ -23,6 +23,9 @@ use crate::store::SharedMemory;
 /// Records processed between two looks at the engine's timers (at most about a millisecond
 /// of processing; the commit interval is 100 ms).
 const TICK_EVERY: u32 = 64;
+/// How often the ends of the changelog and the inputs are read (off this thread) for the
+/// health report and the lag.
+const LOG_ENDS_EVERY: Duration = Duration::from_secs(5);
 /// Restarts of one thread's engine within [`RESTART_WINDOW`] before the process gives up.
 const MAX_RESTARTS: usize = 5;
 const RESTART_WINDOW: Duration = Duration::from_secs(300);
@@ -189,10 +192,12 @@ fn run_engine(cfg: EngineConfig, process: &Process, faults: Faults) -> Result<u6
             e.stop();
             break Err(err);
         }
-        if tick && last_ends.elapsed() > Duration::from_secs(5) {
-            e.refresh_changelog_ends();
-            e.refresh_lag(&consumer);
-            last_ends = Instant::now();
+        if tick {
+            e.take_log_ends();
+            if last_ends.elapsed() > LOG_ENDS_EVERY {
+                e.ask_log_ends();
+                last_ends = Instant::now();
+            }
         }
     };
     // Closing the consumer runs the revoke callback; a stopped engine only lets go.

@@ -75,8 +75,8 @@ use tracing::info;
 
 use crate::faults::Faults;
 use crate::lifecycle::{Event, Phase};
+use crate::log_ends::{self, LogEndsReader};
 use crate::metrics::Metrics;
-use crate::open_transactions::HighWatermarks;
 use crate::repartition::{Purger, RouteStage};
 use crate::shared::{DrainOutcome, Shared};
 use crate::state_updater::{StateUpdater, StoreOpener};
@@ -260,10 +260,9 @@ pub struct Engine {
     /// Partitions whose store the updater's store thread opens, reopens or closes: their
     /// tasks wait, and their directories stay claimed until it is done.
     store_io: BTreeSet<i32>,
-    /// The changelog's real ends, for the health report.
-    changelog_ends: HighWatermarks,
-    /// The dedup stage's input's real ends: where its tasks see an open transaction ahead.
-    input_ends: HighWatermarks,
+    /// Reads the ends of the changelog and the inputs on a thread of its own, for the health
+    /// report, the stage lag and the tasks held at an open transaction.
+    log_ends: LogEndsReader,
     /// Scans stores for damage in the background.
     verifier: Verifier,
     /// Deletes what the dedup stage committed from the repartition topic.
@@ -323,10 +322,18 @@ impl Engine {
         let updater = StateUpdater::start(&cfg.client, &cfg.changelog_topic)
             .map_err(|e| fatal("creating the restore consumer", e))?
             .with_stores(opener);
-        let changelog_ends = HighWatermarks::new(&cfg.client, &cfg.changelog_topic)
-            .map_err(|e| fatal("creating the changelog probe", e))?;
-        let input_ends = HighWatermarks::new(&cfg.client, cfg.dedup_input())
-            .map_err(|e| fatal("creating the dedup input's probe", e))?;
+        let log_ends = LogEndsReader::start(
+            &cfg.client,
+            log_ends::Topics {
+                changelog: cfg.changelog_topic.clone(),
+                dedup_input: cfg.dedup_input().to_string(),
+                route_input: cfg
+                    .repartition_topic
+                    .as_ref()
+                    .map(|_| cfg.topology.input_topic.clone()),
+            },
+        )
+        .map_err(|e| fatal("creating the log-ends probes", e))?;
         let purger = match &cfg.repartition_topic {
             Some(topic) => Some(
                 Purger::start(&cfg.client, topic)
@@ -353,8 +360,7 @@ impl Engine {
             updater,
             in_updater: BTreeSet::new(),
             store_io: BTreeSet::new(),
-            changelog_ends,
-            input_ends,
+            log_ends,
             verifier: Verifier::start(cfg.rocksdb.verify_keys_per_second),
             purger,
             last_purge: Instant::now(),

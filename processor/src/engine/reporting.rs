@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::Consumer;
 use streamapp_api::health::{ProcessorPhase, StoreUnavailable};
 use streamapp_api::state_volume::wal_files;
 use tracing::{info, warn};
 
-use super::{Engine, GroupConsumer};
+use super::Engine;
 use crate::lifecycle::Phase;
+use crate::log_ends::LogEnds;
 use crate::metrics::{GaugeShare, Metrics};
 use crate::open_transactions::TransactionWait;
 use crate::shared::now_ms;
@@ -167,9 +167,36 @@ impl Engine {
         }
     }
 
-    /// Looks up the changelog end of every task for the health report (a broker round trip
-    /// per task: done on a slow timer by the loop).
-    pub fn refresh_changelog_ends(&mut self) {
+    /// Asks the log-ends reader ([`crate::log_ends`]) for the ends of every partition this
+    /// engine reports on: the changelog of each task with a store (standbys included), the
+    /// dedup stage's input and the route stage's. Called on a slow timer by the loop; the
+    /// answer is taken in by [`Self::take_log_ends`].
+    pub fn ask_log_ends(&mut self) {
+        let request = crate::log_ends::Request {
+            changelog: self
+                .dedup
+                .tasks
+                .values()
+                .filter(|t| t.store.is_some() || t.is(&Phase::Standby))
+                .map(|t| t.partition)
+                .collect(),
+            dedup_input: self.dedup.tasks.keys().copied().collect(),
+            route_input: self.routes.positions().map(|(p, _)| p).collect(),
+        };
+        self.log_ends.ask(request);
+    }
+
+    /// Takes in the log-ends reader's answer, if one came: the changelog ends in the health
+    /// report, the stage lag, and the tasks held at an open transaction.
+    pub fn take_log_ends(&mut self) {
+        if let Some(ends) = self.log_ends.answer() {
+            self.report_changelog_ends(&ends);
+            self.report_lag(&ends);
+        }
+    }
+
+    /// Each task's changelog end, in the health report.
+    fn report_changelog_ends(&mut self, ends: &LogEnds) {
         for task in self.dedup.tasks.values_mut() {
             // A standby's store is with the state updater, which reports its offset.
             let offset = match &task.store {
@@ -177,7 +204,7 @@ impl Engine {
                 None if task.is(&Phase::Standby) => task.health.store_changelog_offset,
                 None => continue,
             };
-            if let Ok(end) = self.changelog_ends.end_offset(task.partition) {
+            if let Some(&end) = ends.changelog.get(&task.partition) {
                 // Right after our own commit the log ends with its marker, which holds no
                 // data: the store is caught up, not one record behind.
                 let caught_up = task.at_commit_marker && offset == Some(end - 1);
@@ -186,44 +213,37 @@ impl Engine {
         }
     }
 
-    /// Sets the lag of each stage on the partitions this process owns (end offsets minus
-    /// positions; a broker round trip per partition: done on a slow timer by the loop), and
-    /// whether an active task's input is held by an open transaction (one more round trip per
-    /// active task, for the real end).
-    pub fn refresh_lag(&mut self, consumer: &GroupConsumer) {
-        let timeout = Duration::from_secs(2);
-        // The consumer reads committed: its high watermarks are last stable offsets.
-        let stable = |topic: &str, p: i32| consumer.fetch_watermarks(topic, p, timeout).ok();
-        let lag = |topic: &str, p: i32, position: Option<i64>| -> i64 {
-            stable(topic, p).map_or(0, |(low, high)| (high - position.unwrap_or(low)).max(0))
-        };
+    /// Sets the lag of each stage on the partitions this process owns (last stable offsets
+    /// minus positions: the consumer reads committed), and whether an active task's input is
+    /// held by an open transaction (its real end beyond the stable one while it stands).
+    fn report_lag(&mut self, ends: &LogEnds) {
         let now = Instant::now();
         let report_after = self.cfg.topology.commit_interval + INPUT_WAIT_REPORTED_AFTER;
         let mut dedup = 0;
         // Consumption paused after produce failures: nobody is held, all wait.
         let paused = self.paused_until.is_some();
+        let topic = self.cfg.dedup_input();
         for t in self.dedup.tasks.values_mut() {
-            let Some((low, stable_end)) = stable(self.cfg.dedup_input(), t.partition) else {
+            let Some(input) = ends.dedup_input.get(&t.partition) else {
                 continue;
             };
-            let position = t.position.next().unwrap_or(low);
-            dedup += (stable_end - position).max(0);
+            let position = t.position.next().unwrap_or(input.low);
+            dedup += (input.stable - position).max(0);
             let was = t.health.input_waiting_for_transaction_at;
             // A task that is consumed and does not get on while something is open: held.
             t.input_wait = if t.active() && !paused {
-                match self.input_ends.end_offset(t.partition) {
-                    Ok(end) => {
-                        TransactionWait::observe(t.input_wait, position, stable_end, end, now)
+                match input.end {
+                    Some(end) => {
+                        TransactionWait::observe(t.input_wait, position, input.stable, end, now)
                     }
                     // Asked again next time.
-                    Err(_) => t.input_wait,
+                    None => t.input_wait,
                 }
             } else {
                 None
             };
             let waiting = t.input_wait.and_then(|w| w.reported(now, report_after));
             t.health.input_waiting_for_transaction_at = waiting;
-            let topic = self.input_ends.topic();
             match (was, waiting) {
                 (None, Some(at)) => warn!(
                     topic,
@@ -252,7 +272,10 @@ impl Engine {
             let route: i64 = self
                 .routes
                 .positions()
-                .map(|(p, next)| lag(&self.cfg.topology.input_topic, p, next))
+                .filter_map(|(p, next)| {
+                    let input = ends.route_input.get(&p)?;
+                    Some((input.stable - next.unwrap_or(input.low)).max(0))
+                })
                 .sum();
             self.gauges.stage_lag(&self.metrics, "route").set(route);
         }
