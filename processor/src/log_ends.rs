@@ -163,3 +163,54 @@ fn read(
             .unwrap_or_default(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn one_read_at_a_time_and_a_partition_that_cannot_be_read_is_missing_from_the_answer() {
+        // Nothing listens on this loopback port: every round trip fails after its timeout.
+        let mut client = ClientConfig::new();
+        client.set("bootstrap.servers", "127.0.0.1:1");
+        let topics = Topics {
+            changelog: "app-dedup-changelog".into(),
+            dedup_input: "in".into(),
+            route_input: None,
+        };
+        let mut reader = LogEndsReader::start(&client, topics).unwrap();
+        assert_eq!(reader.answer(), None, "nothing asked yet");
+        reader.ask(Request {
+            changelog: vec![0],
+            ..Request::default()
+        });
+        // Asked again while the first read is under way: not queued behind it.
+        reader.ask(Request {
+            changelog: vec![0],
+            ..Request::default()
+        });
+        let started = Instant::now();
+        let answer = loop {
+            if let Some(answer) = reader.answer() {
+                break answer;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "no answer");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(
+            answer,
+            LogEnds::default(),
+            "the failed partition is left out"
+        );
+        std::thread::sleep(ROUND_TRIP_TIMEOUT + Duration::from_millis(500));
+        assert_eq!(reader.answer(), None, "the second ask was not queued");
+        // Answered: the next ask is read.
+        reader.ask(Request::default());
+        let started = Instant::now();
+        while reader.answer().is_none() {
+            assert!(started.elapsed() < Duration::from_secs(30), "no answer");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
