@@ -13,6 +13,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use tracing::debug;
 
+use crate::open_transactions::watermark_probe;
+
 /// How long one partition's watermarks may take before the read goes on without them.
 const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -64,16 +66,8 @@ pub struct LogEndsReader {
 impl LogEndsReader {
     /// Creates the reader's clients (a bad configuration fails here) and starts its thread.
     pub fn start(client: &ClientConfig, topics: Topics) -> Result<Self, KafkaError> {
-        let probe = |isolation: &str| -> Result<BaseConsumer, KafkaError> {
-            client
-                .clone()
-                .set("isolation.level", isolation)
-                // Never joins a group: it only asks for watermarks.
-                .set("group.id", "streamapp-watermarks-unused")
-                .create()
-        };
-        let committed = probe("read_committed")?;
-        let uncommitted = probe("read_uncommitted")?;
+        let committed = watermark_probe(client, "read_committed")?;
+        let uncommitted = watermark_probe(client, "read_uncommitted")?;
         let (requests, asked) = mpsc::channel::<Request>();
         let (answer, answers) = mpsc::channel::<LogEnds>();
         std::thread::Builder::new()

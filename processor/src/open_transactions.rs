@@ -15,6 +15,16 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 
+/// A consumer that only asks for watermarks, as a reader of `isolation` (`read_committed`:
+/// the high watermark it gets is the last stable offset; `read_uncommitted`: the real end).
+pub fn watermark_probe(base: &ClientConfig, isolation: &str) -> Result<BaseConsumer, KafkaError> {
+    base.clone()
+        .set("isolation.level", isolation)
+        // Never joins a group: it only asks for watermarks.
+        .set("group.id", "streamapp-watermarks-unused")
+        .create()
+}
+
 /// Looks up the real ends (high watermarks, read_uncommitted) of one topic's partitions.
 pub struct HighWatermarks {
     topic: String,
@@ -23,14 +33,9 @@ pub struct HighWatermarks {
 
 impl HighWatermarks {
     pub fn new(base: &ClientConfig, topic: &str) -> Result<Self, KafkaError> {
-        let mut probe_cfg = base.clone();
-        probe_cfg
-            .set("isolation.level", "read_uncommitted")
-            // Never joins a group: it only asks for watermarks.
-            .set("group.id", "streamapp-watermarks-unused");
         Ok(HighWatermarks {
             topic: topic.to_string(),
-            probe: probe_cfg.create()?,
+            probe: watermark_probe(base, "read_uncommitted")?,
         })
     }
 

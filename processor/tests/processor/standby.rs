@@ -308,6 +308,39 @@ pub(crate) fn standbys_caught_up(h: &ProcessorHealth, ends: &[i64]) -> bool {
             .all(|t| t.store_changelog_offset == Some(ends[t.partition as usize]))
 }
 
+/// Asserts that pod-b (`pod`, its report `taken_over`) took the `promoted` tasks over from
+/// caught-up standbys: each reports an empty replay, and the pod restored nothing at all.
+/// Returns the promoted partitions.
+pub(crate) fn took_over_without_a_replay(
+    pod: &Processor,
+    taken_over: &ProcessorHealth,
+    promoted: &BTreeSet<i32>,
+) -> Vec<i32> {
+    let tasks: Vec<_> = taken_over
+        .tasks
+        .iter()
+        .filter(|t| promoted.contains(&t.partition))
+        .collect();
+    for t in &tasks {
+        let restore = t
+            .restore
+            .as_ref()
+            .expect("a promoted standby reports its replay");
+        assert_eq!(
+            (restore.records_to_restore, restore.records_restored),
+            (0, 0),
+            "partition {} was caught up on pod-b: nothing to replay",
+            t.partition
+        );
+    }
+    assert_eq!(
+        pod.metric("streamapp_processor_restore_records_total"),
+        Some(0.0),
+        "pod-b restored nothing at all"
+    );
+    tasks.iter().map(|t| t.partition).collect()
+}
+
 /// Asserts that each pod runs some tasks and keeps a standby of each of the other's; returns
 /// the active tasks of each.
 fn each_active_here_and_warm_there(
@@ -388,31 +421,9 @@ async fn a_lost_pods_tasks_go_to_the_holders_of_their_standbys_which_replay_only
     let taken_over = b.wait_health("every task active", 2 * MINUTE, |h| {
         in_state(h, TaskState::Active).len() == PARTITIONS as usize
     });
-    for t in taken_over
-        .tasks
-        .iter()
-        .filter(|t| a_active.contains(&t.partition))
-    {
-        let restore = t
-            .restore
-            .as_ref()
-            .expect("a promoted standby reports its replay");
-        assert_eq!(
-            (restore.records_to_restore, restore.records_restored),
-            (0, 0),
-            "partition {} was caught up on pod-b: nothing to replay",
-            t.partition
-        );
-        assert!(
-            ends[t.partition as usize] > 50_000,
-            "a store worth keeping warm"
-        );
+    for p in took_over_without_a_replay(&b, &taken_over, &a_active) {
+        assert!(ends[p as usize] > 50_000, "a store worth keeping warm");
     }
-    assert_eq!(
-        b.metric("streamapp_processor_restore_records_total"),
-        Some(0.0),
-        "pod-b restored nothing at all"
-    );
 
     // Exactly once across the failover: new ids once, repeats of old ones are duplicates.
     let t1 = now_ms();
