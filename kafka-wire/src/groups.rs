@@ -12,6 +12,9 @@ use crate::Connection;
 
 /// Kafka's `UNKNOWN_MEMBER_ID`: a member to remove that is not (or no longer) in the group.
 pub const UNKNOWN_MEMBER_ID: i16 = 25;
+/// Kafka's `GROUP_ID_NOT_FOUND`: Kafka 4's group coordinator answers a DescribeGroups of a
+/// group it does not know with it (older ones answered the state `Dead`, no error).
+pub const GROUP_ID_NOT_FOUND: i16 = 69;
 
 /// The instance ids of `group`'s static members, asked of its coordinator (`connection`).
 /// A group that does not exist, or is empty, has none.
@@ -33,6 +36,9 @@ pub fn static_members(connection: &mut Connection, group: &str) -> Result<Vec<St
         .into_iter()
         .next()
         .ok_or("DescribeGroups answered nothing")?;
+    if described.error_code == GROUP_ID_NOT_FOUND {
+        return Ok(Vec::new());
+    }
     if described.error_code != 0 {
         return Err(format!(
             "describing consumer group {group}: error code {}",

@@ -229,6 +229,14 @@ fn static_members(group: &str) -> Vec<String> {
     members
 }
 
+#[test]
+fn a_group_the_coordinator_does_not_know_has_no_static_members() {
+    // Kafka 4's coordinator answers GROUP_ID_NOT_FOUND for it; the operator asks about a group
+    // before its pods joined it.
+    let group = format!("t-unknown-{}", std::process::id());
+    assert_eq!(static_members(&group), Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn a_scale_in_removes_the_scaled_away_pods_group_members_instead_of_letting_them_expire() {
     with_operator("departed", |client, ns| async move {
