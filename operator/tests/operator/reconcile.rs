@@ -460,6 +460,20 @@ async fn growing_the_storage_expands_the_claims_and_the_bound_volumes() {
             },
         )
         .await;
+        // Start from the steady state of a pod on the fake node (Running, never Ready): the
+        // StatefulSet's pod scheduled and started, nothing degraded. A pod still on its way there
+        // (scheduled a moment after its claim binds) must not be mistaken for the resize's doing.
+        wait_for_status(
+            &client,
+            &ns,
+            "archive",
+            "the pod started, nothing degraded",
+            |s| {
+                condition(s, "Progressing").is_some_and(|c| c.1 == "PodsStarting")
+                    && condition(s, "Degraded").is_some_and(|c| c.0 == "False")
+            },
+        )
+        .await;
 
         let generation = patch_spec(
             &client,
@@ -496,13 +510,18 @@ async fn growing_the_storage_expands_the_claims_and_the_bound_volumes() {
             },
         )
         .await;
-        // The StatefulSet keeps its (immutable) claim template, and applying it still works.
+        // The StatefulSet keeps its (immutable) claim template, and applying it still works: the
+        // status returns to where it was before the resize.
         let status = wait_for_status(&client, &ns, "archive", "the resize to settle", |s| {
             s.observed_generation == generation
-                && condition(s, "Progressing").is_some_and(|c| c.1 != "StorageResizing")
+                && condition(s, "Progressing").is_some_and(|c| c.1 == "PodsStarting")
         })
         .await;
-        assert_eq!(condition(&status, "Degraded").unwrap().0, "False");
+        assert_eq!(
+            condition(&status, "Degraded").unwrap().0,
+            "False",
+            "{status:#?}"
+        );
         let sts = statefulset(&client, &ns, "archive").await;
         let template = &sts.spec.unwrap().volume_claim_templates.unwrap()[0];
         assert_eq!(
