@@ -196,11 +196,18 @@ impl DedupApp {
         let mut properties = system_properties();
         properties.extend(options.group_properties());
         properties.insert("linger.ms".into(), options.linger_ms.to_string());
-        let rocksdb = match options.wal {
+        let mut rocksdb = match options.wal {
             Wal::Default => serde_json::json!({}),
             Wal::SyncOnCommit => serde_json::json!({ "wal": { "syncOnCommit": true } }),
             Wal::Off => serde_json::json!({ "wal": { "enabled": false } }),
         };
+        // BENCH_ROCKSDB: more of the `rocksdb` section, as JSON (e.g. `{"compactionStyle":
+        // "Universal"}`), to measure a tuning against the defaults.
+        if let Ok(extra) = std::env::var("BENCH_ROCKSDB") {
+            let extra: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&extra)
+                .unwrap_or_else(|e| panic!("BENCH_ROCKSDB is not a JSON object: {e}"));
+            rocksdb.as_object_mut().unwrap().extend(extra);
+        }
         let config = serde_json::json!({
             "applicationId": id,
             "kafka": { "bootstrapServers": kafka::bootstrap(), "properties": properties },

@@ -108,7 +108,8 @@
 //! with `BENCH_PIN=1` sets it to the last CPU and puts the broker and this driver on the others.
 //!
 //! Other knobs: `BENCH_JAVA`, `BENCH_JAVA_OPTS` (default `-Xmx1g`), `BENCH_KEEP_WORK` (keep logs
-//! and state directories), `BENCH_PROCESSOR_LOG` and `BENCH_SYSTEM_PROPS` (see common/).
+//! and state directories), `BENCH_PROCESSOR_LOG`, `BENCH_SYSTEM_PROPS` and `BENCH_ROCKSDB`
+//! (see common/).
 //! The exit code is non-zero when an output was not exactly once or a latency run found no
 //! steady state.
 
