@@ -201,13 +201,7 @@ impl DedupApp {
             Wal::SyncOnCommit => serde_json::json!({ "wal": { "syncOnCommit": true } }),
             Wal::Off => serde_json::json!({ "wal": { "enabled": false } }),
         };
-        // BENCH_ROCKSDB: more of the `rocksdb` section, as JSON (e.g. `{"compactionStyle":
-        // "Universal"}`), to measure a tuning against the defaults.
-        if let Ok(extra) = std::env::var("BENCH_ROCKSDB") {
-            let extra: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&extra)
-                .unwrap_or_else(|e| panic!("BENCH_ROCKSDB is not a JSON object: {e}"));
-            rocksdb.as_object_mut().unwrap().extend(extra);
-        }
+        rocksdb.as_object_mut().unwrap().extend(system_rocksdb());
         let config = serde_json::json!({
             "applicationId": id,
             "kafka": { "bootstrapServers": kafka::bootstrap(), "properties": properties },
@@ -544,6 +538,19 @@ pub fn system_properties() -> std::collections::BTreeMap<String, String> {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect()
+}
+
+/// More of the processor's `rocksdb` section (`BENCH_ROCKSDB`, a JSON object, e.g.
+/// `{"compactionStyle": "Universal"}`), to measure a tuning against the defaults. Its top-level
+/// keys replace the run's own (`wal` for the WAL variants).
+pub fn system_rocksdb() -> serde_json::Map<String, serde_json::Value> {
+    std::env::var("BENCH_ROCKSDB").map_or_else(
+        |_| serde_json::Map::new(),
+        |extra| {
+            serde_json::from_str(&extra)
+                .unwrap_or_else(|e| panic!("BENCH_ROCKSDB is not a JSON object: {e}"))
+        },
+    )
 }
 
 // ---- small helpers -------------------------------------------------------------------------
