@@ -17,18 +17,25 @@ const DEFAULT_BOOTSTRAP: &str = "127.0.0.1:19092";
 const HOW_TO_START: &str = "start it with `make up` (or `dev/kafka.sh start`)";
 
 /// The bootstrap servers of the local broker (`$STREAMAPP_KAFKA_BOOTSTRAP` or
-/// 127.0.0.1:19092). Panics, naming the service, when no broker answers there.
+/// 127.0.0.1:19092). The first call in a process panics, naming the service, when no broker
+/// answers there. Later calls do not ask again: a test that stops, freezes or restarts the
+/// broker is not a broker nobody started, and its own waits say what did not come back.
 pub fn bootstrap() -> String {
-    let servers =
-        std::env::var("STREAMAPP_KAFKA_BOOTSTRAP").unwrap_or_else(|_| DEFAULT_BOOTSTRAP.into());
-    let probe: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &servers)
-        .create()
-        .expect("creating a Kafka client");
-    if let Err(e) = probe.fetch_metadata(None, Duration::from_secs(10)) {
-        panic!("the Kafka broker at {servers} is not reachable ({e}): {HOW_TO_START}");
-    }
-    servers
+    static CHECKED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CHECKED
+        .get_or_init(|| {
+            let servers = std::env::var("STREAMAPP_KAFKA_BOOTSTRAP")
+                .unwrap_or_else(|_| DEFAULT_BOOTSTRAP.into());
+            let probe: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &servers)
+                .create()
+                .expect("creating a Kafka client");
+            if let Err(e) = probe.fetch_metadata(None, Duration::from_secs(10)) {
+                panic!("the Kafka broker at {servers} is not reachable ({e}): {HOW_TO_START}");
+            }
+            servers
+        })
+        .clone()
 }
 
 /// A client configuration pointing at the local broker.
@@ -134,10 +141,7 @@ pub fn read_all(
         )
         .create()
         .expect("creating a consumer");
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("topic metadata");
-    let partitions = metadata.topics()[0].partitions().len();
+    let partitions = topic_metadata(topic).topics()[0].partitions().len();
     assert!(partitions > 0, "topic {topic} does not exist");
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
@@ -177,11 +181,28 @@ pub fn end_offsets(topic: &str) -> Vec<i64> {
 
 /// How many partitions `topic` has (0 while it does not exist), from the broker's metadata.
 pub fn partition_count(topic: &str) -> i32 {
-    let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("topic metadata");
-    metadata.topics()[0].partitions().len() as i32
+    topic_metadata(topic).topics()[0].partitions().len() as i32
+}
+
+/// The broker's metadata of `topic`, asked through a new client on each try for up to 60 s.
+///
+/// A broker thawed or restarted can still be fenced for a moment after `wait_until_leading`
+/// saw it lead (its controller session expires once the process runs again), and a client
+/// that asks then is left with no broker to ask ("Broker transport failure"): a CI run's
+/// `produce` right after a freeze failed so.
+fn topic_metadata(topic: &str) -> rdkafka::metadata::Metadata {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
+        match consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+            Ok(metadata) => return metadata,
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::debug!(topic, error = %e, "topic metadata: retrying");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("metadata of topic {topic}: {e}"),
+        }
+    }
 }
 
 /// The (low, high) watermarks of every partition of `topic`, in partition order.
@@ -196,10 +217,7 @@ fn watermarks(topic: &str) -> Vec<(i64, i64)> {
             .expect("creating a consumer")
     };
     let mut consumer = reader();
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("topic metadata");
-    let partitions = metadata.topics()[0].partitions().len() as i32;
+    let partitions = partition_count(topic);
     (0..partitions)
         .map(|p| {
             // A broker that just restarted or thawed answers "not leader" for a moment, and a
@@ -361,11 +379,7 @@ pub fn group_state(group: &str) -> String {
 
 /// Whether `topic` exists (its metadata lists partitions).
 pub fn topic_exists(topic: &str) -> bool {
-    let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("topic metadata");
-    metadata
+    topic_metadata(topic)
         .topics()
         .iter()
         .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
