@@ -153,7 +153,10 @@ pub struct WalTuning {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$"))]
     pub max_total_size: Option<String>,
-    /// fsync the WAL each time a committed transaction is applied.
+    /// fsync the WAL each time a committed transaction is applied (default false: the store
+    /// records the changelog offset it reflects in the same batch as its data, so a power loss
+    /// that takes the unsynced tail leaves a consistent earlier store, and the changelog is
+    /// replayed from its offset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_on_commit: Option<bool>,
 }
@@ -220,7 +223,8 @@ impl ResolvedRocksDb {
             wal_ttl_seconds: 0,
             wal_size_limit_mb: 0,
             wal_max_total_bytes: 64 * MI,
-            wal_sync_on_commit: true,
+            // Not per commit: the changelog is the durable copy (see `sync_on_commit`).
+            wal_sync_on_commit: false,
             verify_interval_seconds: 24 * 3600,
             verify_keys_per_second: 500_000,
         };
@@ -520,6 +524,21 @@ mod tests {
         assert_eq!(r.block_cache_bytes, 8 << 20);
         assert_eq!(r.write_buffer_bytes, 4 << 20, "from the LowMemory profile");
         assert_eq!(r.rocksdb_memory_bytes(), (8 << 20) + (32 << 20));
+    }
+
+    #[test]
+    fn the_wal_is_written_but_synced_per_commit_only_when_asked() {
+        let default = RocksDbTuning::default().resolve().unwrap();
+        assert!(default.wal_enabled);
+        assert!(!default.wal_sync_on_commit);
+        let asked = RocksDbTuning {
+            wal: Some(WalTuning {
+                sync_on_commit: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(asked.resolve().unwrap().wal_sync_on_commit);
     }
 
     #[test]
