@@ -243,10 +243,11 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
         );
         describe_dataset(&dataset, started.elapsed().as_secs_f64());
         println!(
-            "throughput: record times span {span:?} ({:.1} retentions); measured from {:.0}% to {:.0}% of the input committed through every stage",
+            "throughput: record times span {span:?} ({:.1} retentions); measured from {:.0}% of the input committed through every stage, over at least {:.0}% more, to where both stages have done as many records since (within {:.0}% of the input), or over the whole run when no such point comes",
             span.as_secs_f64() / settings.retention.as_secs_f64(),
-            100.0 * steady::WINDOW.0,
-            100.0 * steady::WINDOW.1
+            100.0 * steady::WINDOW_START,
+            100.0 * steady::WINDOW_MIN_SPAN,
+            100.0 * steady::WINDOW_BALANCE
         );
         for r in 0..settings.runs {
             for (l, &linger_ms) in settings.lingers.iter().enumerate() {
