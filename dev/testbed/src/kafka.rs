@@ -184,25 +184,15 @@ pub fn partition_count(topic: &str) -> i32 {
     topic_metadata(topic).topics()[0].partitions().len() as i32
 }
 
-/// The broker's metadata of `topic`, asked through a new client on each try for up to 60 s.
-///
-/// A broker thawed or restarted can still be fenced for a moment after `wait_until_leading`
-/// saw it lead (its controller session expires once the process runs again), and a client
-/// that asks then is left with no broker to ask ("Broker transport failure"): a CI run's
-/// `produce` right after a freeze failed so.
+/// The broker's metadata of `topic`, asked again for up to 60 s ([`ask_again`]).
 fn topic_metadata(topic: &str) -> rdkafka::metadata::Metadata {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let consumer: BaseConsumer = client_config().create().expect("creating a consumer");
-        match consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
-            Ok(metadata) => return metadata,
-            Err(e) if std::time::Instant::now() < deadline => {
-                tracing::debug!(topic, error = %e, "topic metadata: retrying");
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => panic!("metadata of topic {topic}: {e}"),
-        }
-    }
+    let new_client = || -> BaseConsumer { client_config().create().expect("creating a consumer") };
+    ask_again(
+        &format!("metadata of topic {topic}"),
+        &mut new_client(),
+        new_client,
+        |c| c.fetch_metadata(Some(topic), Duration::from_secs(10)),
+    )
 }
 
 /// The (low, high) watermarks of every partition of `topic`, in partition order.
@@ -220,23 +210,43 @@ fn watermarks(topic: &str) -> Vec<(i64, i64)> {
     let partitions = partition_count(topic);
     (0..partitions)
         .map(|p| {
-            // A broker that just restarted or thawed answers "not leader" for a moment, and a
-            // client that asked it then can keep a metadata cache without the partition
-            // ("Unknown partition"): each retry asks through a new client.
-            let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            loop {
-                match consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
-                    Ok(marks) => break marks,
-                    Err(e) if std::time::Instant::now() < deadline => {
-                        tracing::debug!(topic, partition = p, error = %e, "watermarks: retrying");
-                        std::thread::sleep(Duration::from_millis(200));
-                        consumer = reader();
-                    }
-                    Err(e) => panic!("watermarks of {topic}/{p}: {e}"),
-                }
-            }
+            ask_again(
+                &format!("watermarks of {topic}/{p}"),
+                &mut consumer,
+                reader,
+                |c| c.fetch_watermarks(topic, p, Duration::from_secs(10)),
+            )
         })
         .collect()
+}
+
+/// `ask`s the broker through `client` until it answers, for up to 60 s, replacing `client`
+/// with a new one after each failure; panics with `what` and the last error after that.
+///
+/// A broker just restarted or thawed answers "not leader" for a moment, and a client that
+/// asked it then can keep a metadata cache without the partition ("Unknown partition"). It
+/// can also still be fenced for a moment after `wait_until_leading` saw it lead (its
+/// controller session expires once the process runs again), and a client that asks then is
+/// left with no broker to ask ("Broker transport failure"): a CI run's `produce` right after
+/// a freeze failed so.
+fn ask_again<T>(
+    what: &str,
+    client: &mut BaseConsumer,
+    new_client: impl Fn() -> BaseConsumer,
+    ask: impl Fn(&BaseConsumer) -> Result<T, KafkaError>,
+) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match ask(client) {
+            Ok(answer) => return answer,
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::debug!(what, error = %e, "asking the broker again");
+                std::thread::sleep(Duration::from_millis(200));
+                *client = new_client();
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
 }
 
 /// The offsets consumer group `group` committed on every partition of `topic` (None where it

@@ -189,7 +189,8 @@ pub fn measure_instances(instances: &mut [System], total: u64) -> Throughput {
         Some(end) => (start.expect("set before the end"), end, false),
         None => (ready, mark(total, total), true),
     };
-    // Both stages' records in the window, averaged (they differ by at most the balance).
+    // Both stages' records in the window, averaged: in a balanced window they differ by at
+    // most the balance; over the whole run, by what the first stage routed before ready.
     let records = (end.done.saturating_sub(start.done) + end.routed.saturating_sub(start.routed))
         as f64
         / 2.0;
