@@ -165,7 +165,7 @@ pub struct WalTuning {
 /// runtime, the rest of the process.
 pub const PROCESS_BASE_BYTES: u64 = 112 << 20;
 /// Memory of each processing thread's Kafka clients: librdkafka's producer and consumer queues
-/// (the engine bounds them to 64 MiB and 16 MiB).
+/// (the engine bounds them to 64 MiB and 4 MiB).
 pub const THREAD_CLIENT_BYTES: u64 = 80 << 20;
 
 /// Memory of the processor beyond RocksDB with `processing_threads` threads (192 MiB with

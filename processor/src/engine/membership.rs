@@ -64,10 +64,14 @@ pub type GroupConsumer = BaseConsumer<GroupContext>;
 /// The engine's consumer buffer, unless the user's properties say otherwise (the benchmarks'
 /// transactional copy takes the same, so that only the topology differs).
 pub fn bound_consumer_buffer(client: &mut ClientConfig) {
-    // Bounded buffers: the operator's memory budget counts on them.
-    default_property(client, "queued.max.messages.kbytes", "16384");
+    // Bounded buffers: the operator's memory budget counts on them. The bound counts the
+    // records' bytes only; librdkafka keeps each record in an event of its own and its fetch
+    // responses whole, so a full 16 MiB queue of 200-byte records held about 50 MiB. 4 MiB
+    // (some 20,000 such records, a quarter second of one engine's work) keeps the engine fed
+    // and took 45-50 MiB off the processor's peak memory (docs/performance.md).
+    default_property(client, "queued.max.messages.kbytes", "4096");
     // When that buffer is full, librdkafka postpones each partition's next fetch by this long
-    // (1 s by default). One engine drains 16 MiB in well under a second, so with the default
+    // (1 s by default). One engine drains the buffer in well under a second, so with the default
     // it ran dry and waited: bursts of processing between idle gaps of 0.5-2.5 s, and 56% of
     // the throughput it reaches with 10 ms (make bench-compare, docs/performance.md).
     default_property(client, "fetch.queue.backoff.ms", "10");
@@ -253,5 +257,23 @@ impl Engine {
         }
         // Reassigning with the committed positions rewinds even where a seek failed.
         self.reassign(consumer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_consumer_buffer_is_bounded_to_4_mib_unless_the_user_says_otherwise() {
+        let mut client = ClientConfig::new();
+        bound_consumer_buffer(&mut client);
+        assert_eq!(client.get("queued.max.messages.kbytes"), Some("4096"));
+        assert_eq!(client.get("fetch.queue.backoff.ms"), Some("10"));
+
+        let mut client = ClientConfig::new();
+        client.set("queued.max.messages.kbytes", "65536");
+        bound_consumer_buffer(&mut client);
+        assert_eq!(client.get("queued.max.messages.kbytes"), Some("65536"));
     }
 }
