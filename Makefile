@@ -22,7 +22,7 @@ help:
 	@echo "make test-nodes - only the tests that need three nodes, against 'make up'"
 	@echo "make images  - build the node's images (Debian base, pause, the project's image) with podman"
 	@echo "make bench   - processor benchmark: dedup vs a transactional copy, 1M records (needs make up)"
-	@echo "make bench-compare - side by side with Kafka Streams 4.4: table, CSV, chart (~2 h at full size)"
+	@echo "make bench-compare - side by side with Kafka Streams 4.4: table, CSV, chart (hours at full size; two halves: docs/performance.md)"
 	@echo "make lint    - rustfmt and clippy"
 	@echo "make crds    - regenerate crds/streamapp.dev_streamapps.yaml from the Rust types"
 

@@ -15,6 +15,15 @@ source "$(dirname "$0")/lib.sh"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$STREAMAPP_CACHE/target}"
 results="${BENCH_RESULTS:-$REPO_DIR/bench/results}"
 mkdir -p "$results"
+# Absolute: the benchmark runs in the package's folder, not here.
+results=$(cd "$results" && pwd)
+# BENCH_THROUGHPUT_FROM: the CSV of an earlier run's throughput phase (a full run in two halves,
+# see processor/benches/vs_kafka_streams/main.rs).
+if [[ -n ${BENCH_THROUGHPUT_FROM:-} ]]; then
+  [[ -f $BENCH_THROUGHPUT_FROM ]] || die "BENCH_THROUGHPUT_FROM: no file $BENCH_THROUGHPUT_FROM"
+  BENCH_THROUGHPUT_FROM=$(realpath "$BENCH_THROUGHPUT_FROM")
+  export BENCH_THROUGHPUT_FROM
+fi
 
 "$DEV_DIR/install-kafka.sh"
 

@@ -572,6 +572,18 @@ impl Topics<'_> {
             self.runtime.block_on(kafka::create_topic(name, partitions));
             self.created.push((*name).to_string());
         }
+        // A broker that has just started can answer for a moment as if a topic it created did
+        // not exist, and a processor started then refuses to run without its input topic.
+        for name in names {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while kafka::partition_count(name) != partitions {
+                assert!(
+                    Instant::now() < deadline,
+                    "topic {name}: the broker does not list its {partitions} partitions 30 s after creating it"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
     }
 
     /// Deletes these topics (of those created or listed), now.

@@ -52,8 +52,10 @@
 //!    3) runs, in alternating order (forwards, backwards, ...); the median and the spread
 //!    (max − min, % of the median) are reported, and the machine's load next to every figure.
 //!    Each run sweeps the producers' `linger.ms` over `BENCH_LINGERS` (default 5,20,50) for
-//!    every system but `ks-defaults` (which lingers as the library does); each system is
-//!    reported at its best (highest median throughput) and measured for latency at it.
+//!    the systems the goals compare (`streamapp`, `skeleton`, `ks-window`, `ks-kv`); the
+//!    reference rows (the WAL variants, the copy) run at its first value, `ks-defaults` at the
+//!    library's own; each system is reported at its best (highest median throughput) and
+//!    measured for latency at it.
 //! 2. Correctness, before any figure is believed, after every run: the system's committed
 //!    output holds every input id exactly once and nothing else, its duplicates topic every
 //!    repeat (the copy: every input record once). A wrong output fails the run at once.
@@ -103,6 +105,11 @@
 //! that many processing threads in the throughput, latency and recovery phases (the processor's
 //! `processingThreads`, Kafka Streams' `num.stream.threads`; the skeleton and the copy have
 //! one); failover and scaling keep one per process.
+//!
+//! A full run takes longer than one sitting may allow, so it can be run in two halves on the
+//! same build: `BENCH_PHASES=throughput` first, then the other phases with
+//! `BENCH_THROUGHPUT_FROM` naming the first half's CSV: the latency phase then loads each
+//! system at its share of that CSV's median throughput, at that CSV's best `linger.ms`.
 //!
 //! `BENCH_SYSTEM_CPU` pins every system under test to that CPU (`taskset`); `make bench-compare`
 //! with `BENCH_PIN=1` sets it to the last CPU and puts the broker and this driver on the others.
@@ -256,9 +263,9 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                     r + 1,
                     settings.runs
                 );
-                // Kafka Streams at its defaults lingers as it does: measured once a run.
+                // The reference rows and Kafka Streams at its defaults: once a run.
                 let peers = settings.order(Peer::MEASURED, r);
-                for peer in peers.into_iter().filter(|p| l == 0 || p.takes_linger()) {
+                for peer in peers.into_iter().filter(|p| l == 0 || p.swept()) {
                     let id = format!("{run}-t{r}-{linger_ms}-{}", peer.name());
                     let options = AppOptions {
                         linger_ms,
@@ -294,30 +301,28 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
             sweep::print_linger_sweep(&measured.sweep, &measured.best_linger);
         }
     }
-    // Latency is measured with each system at its best linger.ms (the default without a sweep).
-    let best_linger = measured.best_linger.clone();
-    let linger_of = |peer: Peer| {
-        best_linger
-            .iter()
-            .find(|(p, _)| *p == peer)
-            .map_or(LINGER_MS, |(_, l)| *l)
+    // Latency is measured with each system at its best linger.ms (the default without a sweep),
+    // at a share of its median throughput: this run's, or an earlier run's when this one does
+    // not measure throughput and BENCH_THROUGHPUT_FROM names that run's CSV.
+    let best = match &settings.throughput_from {
+        Some(csv) if !settings.runs("throughput") => {
+            let best = sweep::Best::from_csv(csv)
+                .unwrap_or_else(|e| panic!("BENCH_THROUGHPUT_FROM={}: {e}", csv.display()));
+            println!(
+                "latency loads and lingers from the throughput phase of an earlier run: {}",
+                csv.display()
+            );
+            best
+        }
+        _ => sweep::Best::measured(&measured.throughput, &measured.best_linger),
     };
 
     // ---- latency at the same fraction of each system's own maximum -------------------------
     let mut steady_state = true;
-    let medians = |peer: Peer| {
-        let v: Vec<f64> = measured
-            .throughput
-            .iter()
-            .filter(|(p, _)| *p == peer)
-            .map(|(_, t)| t.records_per_s)
-            .collect();
-        report::Stats::of(&v).map_or(f64::NAN, |s| s.median)
-    };
     let rates: Vec<(Peer, u64)> = Peer::LATENCY
         .into_iter()
         .map(|p| {
-            let own = medians(p) * settings.latency_percent as f64 / 100.0;
+            let own = best.rate(p) * settings.latency_percent as f64 / 100.0;
             let rate = settings.latency_rate.unwrap_or(if own.is_finite() {
                 ((own / 100.0).round() as u64 * 100).max(100)
             } else {
@@ -346,7 +351,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
             let input = format!("{id}-in");
             topics.create(&[&input]);
             let options = AppOptions {
-                linger_ms: linger_of(peer),
+                linger_ms: best.linger(peer),
                 ..settings.options(settings.retention)
             };
             let app = App::create(topics, work.path(), peer, &id, &input, &options);
@@ -599,7 +604,7 @@ fn table(m: &Measured, settings: &Settings) -> Table {
     let pct = settings.latency_percent;
     let mut rows = vec![
         Row::new(
-            "throughput (steady window)",
+            sweep::THROUGHPUT_ROW,
             "records/s",
             Better::Higher,
             throughput(|t| t.records_per_s),
@@ -622,18 +627,13 @@ fn table(m: &Measured, settings: &Settings) -> Table {
             Better::Higher,
             throughput(|t| 1e6 / t.cpu_s_per_million),
         ),
-        Row::new(
-            "producer linger.ms (each system's best of the sweep)",
-            "ms",
-            Better::Neither,
-            |peer| {
-                m.best_linger
-                    .iter()
-                    .filter(|(p, _)| *p == peer && p.takes_linger())
-                    .map(|(_, l)| f64::from(*l))
-                    .collect()
-            },
-        ),
+        Row::new(sweep::BEST_LINGER_ROW, "ms", Better::Neither, |peer| {
+            m.best_linger
+                .iter()
+                .filter(|(p, _)| *p == peer && p.takes_linger())
+                .map(|(_, l)| f64::from(*l))
+                .collect()
+        }),
         Row::new(
             "peak RSS",
             "MiB",

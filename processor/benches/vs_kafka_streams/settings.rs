@@ -39,6 +39,9 @@ pub struct Settings {
     pub java_opts: Vec<String>,
     pub ks_classpath: String,
     pub(crate) csv: PathBuf,
+    /// The CSV of an earlier run whose throughput phase sets this run's latency loads and
+    /// lingers when this run does not measure throughput (`BENCH_THROUGHPUT_FROM`).
+    pub(crate) throughput_from: Option<PathBuf>,
 }
 
 /// A comma-separated list of key counts from the environment variable `name`.
@@ -126,6 +129,7 @@ impl Settings {
                 || repo.join("bench/results/vs-kafka-streams.csv"),
                 PathBuf::from,
             ),
+            throughput_from: var("BENCH_THROUGHPUT_FROM").map(PathBuf::from),
         }
     }
 

@@ -1,9 +1,19 @@
 //! The throughput phase's `linger.ms` sweep: each system measured at every value of
-//! `BENCH_LINGERS`, and reported at its best.
+//! `BENCH_LINGERS`, and reported at its best; and what the latency phase takes from it (each
+//! system's best linger and its median throughput), measured in the same run or read from the
+//! CSV of an earlier one (`BENCH_THROUGHPUT_FROM`).
 
+use std::path::Path;
+
+use crate::common::LINGER_MS;
 use crate::report;
 use crate::steady::Throughput;
 use crate::systems::Peer;
+
+/// The table's row of each system's median throughput (at its best linger).
+pub const THROUGHPUT_ROW: &str = "throughput (steady window)";
+/// The table's row of each system's best `linger.ms`.
+pub const BEST_LINGER_ROW: &str = "producer linger.ms (each system's best of the sweep)";
 
 /// Each system's best `linger.ms` of the sweep: the one of its highest median throughput (a
 /// figure wins over none, from a window too short to time).
@@ -68,6 +78,95 @@ pub fn print_linger_sweep(sweep: &[(Peer, u32, Throughput)], best_linger: &[(Pee
             );
             continue;
         }
+        if !peer.swept() {
+            println!("  {:<18} {} (not swept)", peer.name(), cells.join(", "));
+            continue;
+        }
         println!("  {:<18} {}", peer.name(), cells.join(", "));
+    }
+}
+
+/// What the latency phase needs of the throughput phase: each system's median throughput (its
+/// load is a share of it) and its best `linger.ms` (it runs at it).
+pub struct Best {
+    rates: Vec<(Peer, f64)>,
+    lingers: Vec<(Peer, u32)>,
+}
+
+impl Best {
+    /// From this run's throughput phase.
+    pub fn measured(throughput: &[(Peer, Throughput)], lingers: &[(Peer, u32)]) -> Best {
+        let rates = Peer::ALL
+            .into_iter()
+            .filter_map(|peer| {
+                let runs: Vec<f64> = throughput
+                    .iter()
+                    .filter(|(p, _)| *p == peer)
+                    .map(|(_, t)| t.records_per_s)
+                    .collect();
+                Some((peer, report::Stats::of(&runs)?.median))
+            })
+            .collect();
+        Best {
+            rates,
+            lingers: lingers.to_vec(),
+        }
+    }
+
+    /// From the CSV an earlier run wrote (`BENCH_THROUGHPUT_FROM`), so that a full run can be
+    /// split in two: the throughput phase, then the others at the loads and lingers it found.
+    pub fn from_csv(path: &Path) -> Result<Best, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().ok_or("an empty file")?.split(',').collect();
+        // The two rows' names hold no comma, so their fields split plainly.
+        let row = |name: &str| -> Result<Vec<(Peer, f64)>, String> {
+            let fields: Vec<&str> = text
+                .lines()
+                .find(|l| {
+                    l.strip_prefix(name)
+                        .is_some_and(|rest| rest.starts_with(','))
+                })
+                .ok_or(format!("no row \"{name}\""))?
+                .split(',')
+                .collect();
+            Ok(Peer::ALL
+                .into_iter()
+                .filter_map(|peer| {
+                    let column = header.iter().position(|h| *h == peer.column())?;
+                    Some((peer, fields.get(column)?.parse().ok()?))
+                })
+                .collect())
+        };
+        let best = Best {
+            rates: row(THROUGHPUT_ROW)?,
+            lingers: row(BEST_LINGER_ROW)?
+                .into_iter()
+                .map(|(peer, linger)| (peer, linger as u32))
+                .collect(),
+        };
+        if best.rates.is_empty() {
+            return Err(format!(
+                "no system's throughput in the row \"{THROUGHPUT_ROW}\""
+            ));
+        }
+        Ok(best)
+    }
+
+    /// `peer`'s median throughput; NaN when it was not measured.
+    pub fn rate(&self, peer: Peer) -> f64 {
+        self.rates
+            .iter()
+            .find(|(p, _)| *p == peer)
+            .map_or(f64::NAN, |(_, r)| *r)
+    }
+
+    /// `peer`'s best `linger.ms`; the default when it was not swept.
+    pub fn linger(&self, peer: Peer) -> u32 {
+        self.lingers
+            .iter()
+            .find(|(p, _)| *p == peer)
+            .map_or(LINGER_MS, |(_, l)| *l)
     }
 }

@@ -123,6 +123,18 @@ impl Peer {
         self != Peer::KsDefaults
     }
 
+    /// Whether the throughput phase measures it at every `linger.ms` of the sweep: the systems
+    /// the goals compare (this processor, the skeleton, the tuned Kafka Streams). The WAL
+    /// variants and the copy, reference rows, are measured at the sweep's first value only
+    /// (where the sweep's table shows the processor too), and `ks-defaults` at its own: each
+    /// of them once a run, which keeps a full run's throughput phase near two hours.
+    pub fn swept(self) -> bool {
+        matches!(
+            self,
+            Peer::Streamapp | Peer::Skeleton | Peer::KsWindow | Peer::KsKeyValue
+        )
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             Peer::Streamapp => {
