@@ -314,7 +314,7 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
             );
             best
         }
-        _ => sweep::Best::measured(&measured.throughput, &measured.best_linger),
+        _ => sweep::Best::measured(&measured.sweep, &measured.best_linger),
     };
 
     // ---- latency at the same fraction of each system's own maximum -------------------------

@@ -78,11 +78,8 @@ pub fn print_linger_sweep(sweep: &[(Peer, u32, Throughput)], best_linger: &[(Pee
             );
             continue;
         }
-        if !peer.swept() {
-            println!("  {:<18} {} (not swept)", peer.name(), cells.join(", "));
-            continue;
-        }
-        println!("  {:<18} {}", peer.name(), cells.join(", "));
+        let note = if peer.swept() { "" } else { " (not swept)" };
+        println!("  {:<18} {}{note}", peer.name(), cells.join(", "));
     }
 }
 
@@ -94,21 +91,15 @@ pub struct Best {
 }
 
 impl Best {
-    /// From this run's throughput phase.
-    pub fn measured(throughput: &[(Peer, Throughput)], lingers: &[(Peer, u32)]) -> Best {
-        let rates = Peer::ALL
-            .into_iter()
-            .filter_map(|peer| {
-                let runs: Vec<f64> = throughput
-                    .iter()
-                    .filter(|(p, _)| *p == peer)
-                    .map(|(_, t)| t.records_per_s)
-                    .collect();
-                Some((peer, report::Stats::of(&runs)?.median))
-            })
-            .collect();
+    /// From this run's throughput phase: each system's median at its best `linger.ms`.
+    pub fn measured(sweep: &[(Peer, u32, Throughput)], lingers: &[(Peer, u32)]) -> Best {
         Best {
-            rates,
+            rates: lingers
+                .iter()
+                .map(|&(peer, linger)| {
+                    (peer, sweep_median(sweep, peer, linger, |t| t.records_per_s))
+                })
+                .collect(),
             lingers: lingers.to_vec(),
         }
     }
@@ -118,8 +109,12 @@ impl Best {
     pub fn from_csv(path: &Path) -> Result<Best, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        let mut lines = text.lines();
-        let header: Vec<&str> = lines.next().ok_or("an empty file")?.split(',').collect();
+        let header: Vec<&str> = text
+            .lines()
+            .next()
+            .ok_or("an empty file")?
+            .split(',')
+            .collect();
         // The two rows' names hold no comma, so their fields split plainly.
         let row = |name: &str| -> Result<Vec<(Peer, f64)>, String> {
             let fields: Vec<&str> = text
