@@ -20,7 +20,11 @@ for f in vs-kafka-streams.csv vs-kafka-streams.png; do
   [[ -s $out/$f ]] || die "bench-compare smoke: $out/$f was not written"
 done
 rows=$(grep -c "^recovery 5k keys" "$out/vs-kafka-streams.csv")
-((rows == 4)) || die "bench-compare smoke: expected 4 recovery rows in the CSV, found $rows"
+((rows == 6)) || die "bench-compare smoke: expected 6 recovery rows in the CSV, found $rows"
+# The full restore's rate: a figure for streamapp (column 4) and ks-window (column 10).
+awk -F, '$1 == "recovery 5k keys: full restore rate" && $4 > 0 && $10 > 0 { found = 1 } END { exit !found }' \
+  "$out/vs-kafka-streams.csv" ||
+  die "bench-compare smoke: no full restore rate for both streamapp and ks-window in the CSV"
 rows=$(grep -c "^failover 5k keys" "$out/vs-kafka-streams.csv")
 ((rows == 4)) || die "bench-compare smoke: expected 4 failover rows in the CSV, found $rows"
 grep -q "exactly once: NO" "$out/vs-kafka-streams.txt" &&

@@ -260,6 +260,7 @@ impl DedupApp {
             .append(true)
             .open(&log)
             .unwrap();
+        let log_start = log_file.metadata().map_or(0, |m| m.len());
         // BENCH_PROCESSOR_BIN: another build of the processor (a copy, so that rebuilding
         // the workspace during a long run does not change the binary mid-run).
         let bin = std::env::var("BENCH_PROCESSOR_BIN").unwrap_or_else(|_| PROCESSOR_BIN.into());
@@ -287,6 +288,7 @@ impl DedupApp {
             repartition: self.repartition.clone(),
             kind: Kind::Processor { port },
             log,
+            log_start,
             tasks_file: None,
         }
     }
@@ -663,13 +665,31 @@ pub fn system_cpu() -> Option<String> {
         .filter(|cpu| !cpu.is_empty())
 }
 
+/// Set by [`unpin_systems`]: systems started from then on run on every CPU.
+static SYSTEMS_UNPINNED: AtomicBool = AtomicBool::new(false);
+
+/// From here on, systems under test are not pinned to [`system_cpu`] but run on every CPU of
+/// the machine (the scaling phase: processes pinned to one CPU would only share it). The broker
+/// keeps its own pinning.
+pub fn unpin_systems() {
+    SYSTEMS_UNPINNED.store(true, Ordering::Relaxed);
+}
+
 /// The command that starts a system under test: on its own CPU when [`system_cpu`] says so
-/// (`taskset` execs the program, so the child's pid, CPU time and memory are the system's).
+/// (`taskset` execs the program, so the child's pid, CPU time and memory are the system's);
+/// after [`unpin_systems`], on every CPU (named: a pinned driver's children would inherit its
+/// own CPUs).
 pub fn system_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
-    match system_cpu() {
-        Some(cpu) => {
+    let cpus = match system_cpu() {
+        Some(_) if SYSTEMS_UNPINNED.load(Ordering::Relaxed) => {
+            Some(format!("0-{}", cores().saturating_sub(1)))
+        }
+        cpu => cpu,
+    };
+    match cpus {
+        Some(cpus) => {
             let mut command = Command::new("taskset");
-            command.arg("-c").arg(cpu).arg(program);
+            command.arg("-c").arg(cpus).arg(program);
             command
         }
         None => Command::new(program),

@@ -22,6 +22,8 @@ pub struct System {
     pub repartition: Option<String>,
     pub kind: Kind,
     pub log: PathBuf,
+    /// The length of `log` when this process started: what it wrote itself comes after.
+    pub log_start: u64,
     /// Where a Kafka Streams peer reports its tasks (see [`System::tasks`]).
     pub tasks_file: Option<PathBuf>,
 }
@@ -52,6 +54,7 @@ impl System {
             .append(true)
             .open(&log)
             .unwrap();
+        let log_start = log_file.metadata().map_or(0, |m| m.len());
         let child = command
             .stdin(Stdio::piped())
             .stdout(log_file.try_clone().unwrap())
@@ -66,8 +69,16 @@ impl System {
             repartition: None,
             kind: Kind::Peer { ready },
             log,
+            log_start,
             tasks_file: None,
         }
+    }
+
+    /// What this process wrote to its log so far (an earlier start's lines left out).
+    pub fn own_log(&self) -> String {
+        let log = std::fs::read(&self.log).unwrap_or_default();
+        let start = (self.log_start as usize).min(log.len());
+        String::from_utf8_lossy(&log[start..]).into_owned()
     }
 
     /// Fails the run, with the child's log, when the child exited.

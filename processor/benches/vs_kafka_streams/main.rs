@@ -72,7 +72,10 @@
 //!    are sent; the system is restarted on the same state directory. Measured: time from the
 //!    restart to the first new committed output record, to catching up with the input, and the
 //!    records it restored from its changelog. Then its output is checked again: every id
-//!    exactly once across the crash.
+//!    exactly once across the crash. Then `streamapp` and `ks-window` are stopped, their state
+//!    directory deleted, and started again: the rate of that full restore from the changelog
+//!    (records/s between the first restore start and the last end, as each system reports
+//!    them), and the time until every task is restored (see `restore.rs`).
 //! 5. Failover, for each key count in `BENCH_FAILOVER_KEYS` (default 1000000), with one
 //!    standby copy of each task and with none, `BENCH_RUNS` runs in alternating order: each
 //!    system runs as two instances (`streamapp` with `group.standbyReplicas`, Kafka Streams
@@ -87,7 +90,8 @@
 //!    checked exactly once across the failover.
 //! 6. Scaling out and up (streamapp only): `BENCH_SCALING_RECORDS` (default half of
 //!    `BENCH_RECORDS`) records on an input of 8 partitions, consumed by 1, 2 and 4 processes of
-//!    one group in turn (`BENCH_SCALING_PROCESSES`), each process one processing thread, and by
+//!    one group in turn (`BENCH_SCALING_PROCESSES`; under `BENCH_PIN=1` on every CPU, not on
+//!    the systems' one), each process one processing thread, and by
 //!    one process with 2 processing threads (`BENCH_SCALING_THREADS`; empty for none),
 //!    `BENCH_RUNS` runs in alternating order; measured like phase 1 with the CPU and memory of all processes added
 //!    up, and how busy the whole machine was (where throughput stops growing, that says whether
@@ -125,6 +129,7 @@ mod common;
 mod failover;
 mod recovery;
 mod report;
+mod restore;
 mod scaling;
 mod settings;
 mod steady;
@@ -139,6 +144,7 @@ use common::*;
 use failover::{Failover, fail_over};
 use recovery::{Recovery, recover};
 use report::{Better, Row, Table, format_keys};
+use restore::full_restore;
 use scaling::ScalingRun;
 use settings::Settings;
 use steady::{Latency, LatencyRun, Throughput};
@@ -414,7 +420,10 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
                     settings.keying,
                     &options,
                 );
-                let (recovery, check) = recover(settings, &app, &loaded, settings.keying);
+                let (mut recovery, check) = recover(settings, &app, &loaded, settings.keying);
+                if check.correct && Peer::RESTORED.contains(&peer) {
+                    recovery.full_restore = Some(full_restore(settings, &app, loaded.records));
+                }
                 if !check.correct {
                     wrong.push(format!(
                         "recovery with {keys} keys, run {}, {}:\n{}",
@@ -488,6 +497,13 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
 
     // ---- scaling out: 1, 2, 4 processes on 8 partitions ------------------------------------
     if settings.runs("scaling") && settings.peers.contains(&Peer::Streamapp) {
+        // Pinned to one CPU, more processes would only share it: here they get the machine.
+        if system_cpu().is_some() {
+            unpin_systems();
+            println!(
+                "scaling: the processes run on every CPU (the broker stays on its own), not pinned"
+            );
+        }
         let input = format!("{run}-scale-in");
         topics.create_with(&[&input], scaling::PARTITIONS);
         let started = Instant::now();
@@ -697,6 +713,19 @@ fn table(m: &Measured, settings: &Settings) -> Table {
             "records",
             Better::Lower,
             recovery(|r| r.restored as f64),
+        ));
+        // A system without a full restore has no figure: NaN is left out of its row.
+        rows.push(Row::new(
+            format!("recovery {keys} keys: full restore rate"),
+            "records/s",
+            Better::Higher,
+            recovery(|r| r.full_restore.map_or(f64::NAN, |f| f.records_per_s())),
+        ));
+        rows.push(Row::new(
+            format!("recovery {keys} keys: full restore in service"),
+            "s",
+            Better::Lower,
+            recovery(|r| r.full_restore.map_or(f64::NAN, |f| f.in_service_s)),
         ));
     }
     for FailoverRuns {

@@ -10,6 +10,7 @@ use testbed::kafka;
 
 use crate::Settings;
 use crate::common::*;
+use crate::restore::Restore;
 use crate::systems::App;
 
 /// New records sent right after a crash.
@@ -92,6 +93,8 @@ pub struct Recovery {
     pub first_output_s: f64,
     pub caught_up_s: f64,
     pub restored: u64,
+    /// The full restore that followed, for the systems in [`Peer::RESTORED`](crate::systems::Peer::RESTORED).
+    pub full_restore: Option<Restore>,
 }
 
 /// Loads `loaded` into a fresh `app`, crashes it under live traffic, restarts it and measures
@@ -141,6 +144,7 @@ pub fn recover(
         first_output_s,
         caught_up_s: restarted.elapsed().as_secs_f64(),
         restored: app.restored(&system),
+        full_restore: None,
     };
     receiver.stop();
     let log = system.log.clone();

@@ -281,6 +281,22 @@ impl Table {
                 verdict(wipe >= 10.0 * ours)
             );
         }
+        // Issue 32: a full restore (an empty state directory) at least twice Kafka Streams'
+        // rate, at the largest store.
+        if let Some(largest) = self
+            .rows
+            .iter()
+            .rfind(|r| r.metric.ends_with(": full restore rate"))
+            && let (Some(ours), Some(theirs)) =
+                (largest.get(Peer::Streamapp), largest.get(Peer::KsWindow))
+        {
+            println!(
+                "goal: {} at least 2x Kafka Streams': {:.2}x ({ours:.0} against {theirs:.0} records/s) — {}",
+                largest.metric,
+                ours / theirs,
+                verdict(ours >= 2.0 * theirs)
+            );
+        }
         // Issue 14: failover to a standby.
         for row in self.rows.iter().filter(|r| {
             r.metric.starts_with("failover")

@@ -59,6 +59,9 @@ impl Peer {
     ];
     /// Recovery after kill -9: wipe-and-restore next to transactional stores.
     pub const RECOVERED: [Peer; 3] = [Peer::Streamapp, Peer::KsWindow, Peer::KsWindowTxn];
+    /// A full restore into an empty state directory: the processor and the peer's best
+    /// configuration with the same store (the window store; KIP-892 changes nothing there).
+    pub const RESTORED: [Peer; 2] = [Peer::Streamapp, Peer::KsWindow];
     /// Failover to a standby (and without one): two instances each.
     pub const FAILED_OVER: [Peer; 2] = [Peer::Streamapp, Peer::KsWindow];
     /// Every column of the table and the CSV.
@@ -279,6 +282,11 @@ impl App {
         app
     }
 
+    /// The input's partitions: the stateful tasks of one instance that runs them all.
+    pub fn partitions(&self) -> usize {
+        self.partitions as usize
+    }
+
     /// Starts (or restarts, on the same state directory) the system's process.
     pub fn start(&self, settings: &Settings) -> System {
         self.start_instance(settings, SINGLE_INSTANCE)
@@ -405,17 +413,7 @@ impl App {
         if self.processor.is_some() {
             return system.processor_metrics()("restore_records_total") as u64;
         }
-        let log = std::fs::read_to_string(&system.log).unwrap_or_default();
-        let since_start = log
-            .rsplit_once(" state CREATED -> ")
-            .map_or(log.as_str(), |(_, after)| after);
-        since_start
-            .lines()
-            .filter_map(|l| {
-                let rest = l.split_once(" restored ")?.1;
-                rest.split_whitespace().nth(1)?.parse::<u64>().ok()
-            })
-            .sum()
+        crate::restore::PeerRestores::read(&system.own_log()).records
     }
 
     /// Deletes the application's topics and, unless BENCH_KEEP_WORK is set, its state

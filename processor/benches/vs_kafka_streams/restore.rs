@@ -1,0 +1,185 @@
+//! A full restore: a system stopped cleanly after a recovery run, its state directory deleted
+//! (a lost disk, a pod on a new node), and started again on the same application. It rebuilds
+//! its store from the changelog before it processes anything. Measured:
+//!
+//! - the restore rate: changelog records restored per second, from each system's own report of
+//!   when its restores began and ended (the processor's `/health`: every task's
+//!   `restore.startedAtMs` and `finishedAtMs`; the Kafka Streams peer's `restore-start` and
+//!   `restored` lines, printed by its `StateRestoreListener`), from the first start to the last
+//!   end, over every partition;
+//! - back in service: from the process start until every task is restored (what a user waits;
+//!   it includes the process start, the group join and, for the peer, the JVM's start).
+//!
+//! Nothing is sent meanwhile: the output was checked across the crash before, and the restore
+//! alone is timed.
+
+use std::time::{Duration, Instant};
+
+use streamapp_api::health::ProcessorHealth;
+
+use crate::Settings;
+use crate::common::*;
+use crate::systems::App;
+
+/// What a full restore cost one system.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Restore {
+    /// Changelog records restored, over every partition.
+    pub records: u64,
+    /// From the first partition's restore start to the last one's end.
+    pub restoring_s: f64,
+    /// From the process start until every partition was restored.
+    pub in_service_s: f64,
+}
+
+impl Restore {
+    pub fn records_per_s(&self) -> f64 {
+        self.records as f64 / self.restoring_s
+    }
+}
+
+/// Restores: a system's report of its restores since its start, once every one of the
+/// application's partitions has finished.
+struct Finished {
+    records: u64,
+    first_start_ms: i64,
+    last_end_ms: i64,
+}
+
+/// Deletes the state of `app`'s single instance (stopped), starts it and waits until it has
+/// restored every partition's store from the changelog. `loaded`: the ids in the store before
+/// (a restore that gets fewer back fails the run).
+pub fn full_restore(settings: &Settings, app: &App, loaded: u64) -> Restore {
+    let name = app.peer.name();
+    let state = instance_dir(&app.dir, SINGLE_INSTANCE).join("state");
+    std::fs::remove_dir_all(&state)
+        .unwrap_or_else(|e| panic!("{name}: deleting {}: {e}", state.display()));
+    let started = Instant::now();
+    let mut system = app.start(settings);
+    // Restoring a large store from scratch takes a while: 1 s more per 20,000 keys.
+    let limit = STALL_TIMEOUT + Duration::from_secs(loaded / 20_000);
+    let finished = loop {
+        system.check_alive();
+        if let Some(finished) = finished_restores(&system, app.partitions()) {
+            break finished;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{name}: not restored {:?} after the start on an empty state directory:\n{}",
+            started.elapsed(),
+            log_tail(&system.log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let in_service_s = started.elapsed().as_secs_f64();
+    system.stop();
+    assert!(
+        finished.records >= loaded,
+        "{name}: restored {} changelog records, fewer than the {loaded} ids it held",
+        finished.records
+    );
+    let restore = Restore {
+        records: finished.records,
+        restoring_s: (finished.last_end_ms - finished.first_start_ms).max(1) as f64 / 1000.0,
+        in_service_s,
+    };
+    println!(
+        "  {name}: full restore on an empty state directory: {} changelog records in {:.2} s ({:.0} records/s), every task restored {in_service_s:.2} s after the start",
+        restore.records,
+        restore.restoring_s,
+        restore.records_per_s()
+    );
+    restore
+}
+
+/// The system's restores since its start, if every one of its `partitions` has finished.
+fn finished_restores(system: &System, partitions: usize) -> Option<Finished> {
+    match &system.kind {
+        Kind::Processor { port } => {
+            let (200, body) = http(*port, "GET", streamapp_api::probe::HEALTH)? else {
+                return None;
+            };
+            let health: ProcessorHealth = serde_json::from_str(&body).ok()?;
+            processor_restores(&health, partitions)
+        }
+        Kind::Peer { .. } => peer_restores(&system.own_log(), partitions),
+    }
+}
+
+/// From the processor's health: every task restored (`finishedAtMs` set).
+fn processor_restores(health: &ProcessorHealth, partitions: usize) -> Option<Finished> {
+    let restores: Vec<_> = health
+        .tasks
+        .iter()
+        .filter_map(|t| t.restore.as_ref())
+        .collect();
+    if health.tasks.len() != partitions || restores.len() != partitions {
+        return None;
+    }
+    let mut finished = Finished {
+        records: 0,
+        first_start_ms: i64::MAX,
+        last_end_ms: i64::MIN,
+    };
+    for restore in restores {
+        finished.records += restore.records_restored;
+        finished.first_start_ms = finished.first_start_ms.min(restore.started_at_ms);
+        finished.last_end_ms = finished.last_end_ms.max(restore.finished_at_ms?);
+    }
+    Some(finished)
+}
+
+/// From the Kafka Streams peer's log of this start: a `restored` line per partition.
+fn peer_restores(log: &str, partitions: usize) -> Option<Finished> {
+    let report = PeerRestores::read(log);
+    (report.ended == partitions && report.finished.first_start_ms <= report.finished.last_end_ms)
+        .then_some(report.finished)
+}
+
+/// What the Kafka Streams peer's `StateRestoreListener` printed: lines that start with the
+/// time in epoch milliseconds, `<ms> restore-start <tp> offsets a..b` and
+/// `<ms> restored <tp> <n> records; total <t>`.
+pub struct PeerRestores {
+    /// Changelog records restored, over every `restored` line.
+    pub records: u64,
+    /// Partitions whose restore ended.
+    ended: usize,
+    finished: Finished,
+}
+
+impl PeerRestores {
+    pub fn read(log: &str) -> PeerRestores {
+        let mut report = PeerRestores {
+            records: 0,
+            ended: 0,
+            finished: Finished {
+                records: 0,
+                first_start_ms: i64::MAX,
+                last_end_ms: i64::MIN,
+            },
+        };
+        for line in log.lines() {
+            let mut words = line.split_whitespace();
+            let (Some(Ok(ms)), Some(what)) = (words.next().map(str::parse::<i64>), words.next())
+            else {
+                continue;
+            };
+            match what {
+                "restore-start" => {
+                    report.finished.first_start_ms = report.finished.first_start_ms.min(ms);
+                }
+                "restored" => {
+                    let Some(Ok(n)) = words.nth(1).map(str::parse::<u64>) else {
+                        continue;
+                    };
+                    report.records += n;
+                    report.ended += 1;
+                    report.finished.last_end_ms = report.finished.last_end_ms.max(ms);
+                }
+                _ => {}
+            }
+        }
+        report.finished.records = report.records;
+        report
+    }
+}
