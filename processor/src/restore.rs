@@ -107,6 +107,8 @@ impl ConsumerContext for ReaderContext {}
 const WAIT_RECHECK: Duration = Duration::from_millis(200);
 /// How long one step reads at most (the state updater serves requests between steps).
 const STEP_TIME: Duration = Duration::from_millis(100);
+/// Records read between two looks at the step's time and at whether a partition still reads.
+const LOOK_EVERY: usize = 64;
 /// How often a partition is tried again while Kafka does not answer.
 const KAFKA_RECHECK: Duration = Duration::from_secs(1);
 /// At most one warning this often about Kafka being away.
@@ -361,10 +363,19 @@ impl Restorer {
                     .get(p)
                     .is_some_and(|s| s.recheck_at.is_none())
         };
-        while read < budget
-            && Instant::now() < deadline
-            && stores.keys().any(|p| reading(p, &at_end, &failed))
-        {
+        // Whether to go on is looked at every LOOK_EVERY records (the clock costs more than
+        // the record), and at once after anything but a record.
+        let mut since_look = LOOK_EVERY;
+        while read < budget {
+            if since_look >= LOOK_EVERY {
+                if Instant::now() >= deadline
+                    || !stores.keys().any(|p| reading(p, &at_end, &failed))
+                {
+                    break;
+                }
+                since_look = 0;
+            }
+            since_look += 1;
             // A follower takes what its reader has fetched and does not wait for more: the
             // state updater waits between its steps, serving requests meanwhile.
             let wait = if self.follow {
@@ -374,7 +385,7 @@ impl Restorer {
             };
             match self.reader.poll(wait) {
                 None if self.follow => break,
-                None => {}
+                None => since_look = LOOK_EVERY,
                 Some(Ok(m)) => {
                     let p = m.partition();
                     let Some(store) = stores.get_mut(&p) else {
@@ -402,6 +413,7 @@ impl Restorer {
                             Ok(()) => *applied.entry(p).or_default() += n,
                             Err(e) => {
                                 failed.insert(p, e.into());
+                                since_look = LOOK_EVERY;
                             }
                         }
                         chunk.clear();
@@ -409,6 +421,7 @@ impl Restorer {
                 }
                 Some(Err(KafkaError::PartitionEOF(p))) => {
                     at_end.insert(p);
+                    since_look = LOOK_EVERY;
                 }
                 // Kafka away for a while: librdkafka reconnects and fetches again by itself.
                 Some(Err(e)) if reader_error_is_transient(&e) => {

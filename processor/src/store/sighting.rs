@@ -75,10 +75,12 @@ impl Sighting {
         }
         let partition = i32::from_be_bytes(bytes[TIME_LEN..TIME_LEN + 4].try_into().ok()?);
         let offset = i64::from_be_bytes(bytes[TIME_LEN + 4..FIXED_LEN].try_into().ok()?);
-        let topic = std::str::from_utf8(&bytes[FIXED_LEN..]).ok()?;
+        // Most sources name the topic known already: compared as bytes, it need not be
+        // checked as UTF-8 or allocated again.
+        let topic = &bytes[FIXED_LEN..];
         let topic = match known_topic {
-            Some(known) if &**known == topic => known.clone(),
-            _ => Arc::from(topic),
+            Some(known) if known.as_bytes() == topic => known.clone(),
+            _ => Arc::from(std::str::from_utf8(topic).ok()?),
         };
         Some(Sighting {
             time,
