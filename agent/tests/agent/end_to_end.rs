@@ -27,15 +27,17 @@ use testbed::store_damage::{self, Damage};
 const MINUTE: Duration = Duration::from_secs(60);
 const APP: &str = "dedup";
 const POD: &str = "dedup-0";
-/// Records in partition 0's store when it is damaged: its rebuild must last long enough to
-/// be seen in the status. The agent looks every second and writes at most every 2 s; restore
-/// runs at about 100 000 records/s here, and 300 000 records (3 s) were sometimes missed.
-const REBUILD_RECORDS: usize = 600_000;
+/// Records in partition 0's store when it is damaged, rebuilt from the changelog. The rebuild
+/// alone is over in about a second (600,000 records took 1.2 s), sooner than the agent writes
+/// (at most every 2 s), so the test holds it open until the status has shown it (see
+/// [`Pipeline::hold_changelog`]).
+const REBUILD_RECORDS: usize = 20_000;
 
 /// The processor's side: topics, configuration file, state dir, a fixed HTTP port (the agent
 /// is configured with it once, as in the pod).
 struct Pipeline {
     input: String,
+    changelog: String,
     dir: tempfile::TempDir,
     config: PathBuf,
     state: PathBuf,
@@ -86,6 +88,7 @@ impl Pipeline {
         std::fs::create_dir_all(&state).unwrap();
         Pipeline {
             input,
+            changelog: streamapp_api::config::changelog_topic(&id),
             config: path,
             state,
             port: free_port(),
@@ -174,6 +177,22 @@ impl Pipeline {
 
     fn logs(&self) -> String {
         logs(self.dir.path())
+    }
+
+    /// Opens a transaction of another producer on changelog partition 0 and leaves it open:
+    /// a restore of that partition reads up to it and waits until it ends (read_committed
+    /// readers stop where it starts), so a rebuild lasts until the returned producer aborts it.
+    fn hold_changelog(&self) -> BaseProducer {
+        let holder = kafka::transactional_producer(&format!("{}-holder", self.changelog));
+        holder.begin_transaction().unwrap();
+        let time = 0i64.to_be_bytes();
+        let record = BaseRecord::to(&self.changelog)
+            .partition(0)
+            .key("held")
+            .payload(&time[..]);
+        testbed::kafka::send(&holder, record);
+        holder.flush(Duration::from_secs(10)).unwrap();
+        holder
     }
 
     /// Damages the stopped processor's store of partition 0: its newest SST file deleted and
@@ -368,8 +387,7 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
         task(&e, 0).and_then(|t| t.opened.as_ref()),
         Some(&StoreOpen::Clean)
     );
-    // Enough records that rebuilding the store takes a few seconds, so the agents' reports
-    // (and the operator's StateHealthy condition computed from them) show the rebuild.
+    // Records for the rebuild to restore.
     p.produce(0, "b", REBUILD_RECORDS);
     let expected = 30 + REBUILD_RECORDS as i64;
     wait("all records committed", 3 * MINUTE, |e| {
@@ -382,6 +400,8 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
     })
     .await;
     p.damage_store();
+    // The rebuild waits for this transaction, aborted once the status has shown the rebuild.
+    let mut holder = Some(p.hold_changelog());
     let mut processor = p.start_processor();
     // The StateHealthy condition, as the operator computes it from the StreamApp (with the
     // agents' entries), through the rebuild: False/Rebuilding, then True.
@@ -395,6 +415,12 @@ async fn the_pods_entry_follows_the_processor_through_crash_restart_quarantine_a
         let now = (c.status.clone(), c.reason.clone());
         if seen.last() != Some(&now) {
             seen.push(now);
+        }
+        if c.status == "False"
+            && c.reason == REBUILDING
+            && let Some(holder) = holder.take()
+        {
+            holder.abort_transaction(Duration::from_secs(30)).unwrap();
         }
         let entry = app
             .status
