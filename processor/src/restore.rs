@@ -185,8 +185,8 @@ impl Restorer {
         // The engine's bounded buffer, and above all its short fetch back-off: a reader that
         // fetches faster than the store applies fills librdkafka's queue, and with the default
         // back-off (1 s) each partition then waited a second for its next fetch while the
-        // queue drained in a third of one. A full restore of 1M ids ran at about 120,000
-        // records/s, its thread idle two thirds of the time (docs/performance.md).
+        // queue drained in a fraction of one. A full restore of 1M ids ran at about 120,000
+        // records/s, its thread waiting in three of four samples (docs/performance.md).
         crate::engine::bound_consumer_buffer(&mut reader_cfg);
         Ok(Restorer {
             topic: topic.to_string(),
