@@ -105,19 +105,38 @@ impl System {
 
     /// Waits until it consumes.
     pub fn wait_ready(&mut self) {
-        let deadline = Instant::now() + STALL_TIMEOUT;
+        self.wait_for(
+            "ready",
+            Instant::now(),
+            STALL_TIMEOUT,
+            Duration::from_millis(50),
+            |s| s.is_ready().then_some(()),
+        );
+    }
+
+    /// Asks `f` every `every` until it answers; fails the run, with the child's log, when the
+    /// child exits or when `limit` has passed since `since` (`what`: what was waited for).
+    pub fn wait_for<T>(
+        &mut self,
+        what: &str,
+        since: Instant,
+        limit: Duration,
+        every: Duration,
+        mut f: impl FnMut(&Self) -> Option<T>,
+    ) -> T {
         loop {
             self.check_alive();
-            if self.is_ready() {
-                return;
+            if let Some(answer) = f(self) {
+                return answer;
             }
             assert!(
-                Instant::now() < deadline,
-                "{} not ready after {STALL_TIMEOUT:?}:\n{}",
+                since.elapsed() < limit,
+                "{}: not {what} {:?} after the start:\n{}",
                 self.name,
+                since.elapsed(),
                 log_tail(&self.log)
             );
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(every);
         }
     }
 

@@ -86,6 +86,11 @@ impl CrashTraffic {
     }
 }
 
+/// How long a start may take when it has to restore `ids` from scratch: 1 s more per 20,000.
+pub fn restore_limit(ids: u64) -> Duration {
+    STALL_TIMEOUT + Duration::from_secs(ids / 20_000)
+}
+
 /// What a recovery after kill -9 cost one system.
 #[derive(Clone, Copy, Default)]
 pub struct Recovery {
@@ -125,18 +130,13 @@ pub fn recover(
 
     let restarted = Instant::now();
     let mut system = app.start(settings);
-    // Restoring a large store from scratch takes a while: 1 s more per 20,000 keys.
-    let limit = STALL_TIMEOUT + Duration::from_secs(loaded.records / 20_000);
-    while receiver.received() == 0 {
-        system.check_alive();
-        assert!(
-            restarted.elapsed() < limit,
-            "{name}: no output {:?} after the restart:\n{}",
-            restarted.elapsed(),
-            log_tail(&system.log)
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    system.wait_for(
+        "producing again",
+        restarted,
+        restore_limit(loaded.records),
+        Duration::from_millis(5),
+        |_| (receiver.received() > 0).then_some(()),
+    );
     let first_output_s = restarted.elapsed().as_secs_f64();
     system.wait_done(&watcher, traffic.records);
     let recovery = Recovery {

@@ -130,6 +130,13 @@ impl Table {
         self.rows.iter().find(|r| r.metric.starts_with(metric))
     }
 
+    /// The last row (the largest store) whose metric ends with `suffix`, with this processor's
+    /// figure and Kafka Streams' window store's.
+    fn largest_against_window(&self, suffix: &str) -> Option<(&Row, f64, f64)> {
+        let row = self.rows.iter().rfind(|r| r.metric.ends_with(suffix))?;
+        Some((row, row.get(Peer::Streamapp)?, row.get(Peer::KsWindow)?))
+    }
+
     pub fn print(&self, latency_percent: u64) {
         println!();
         print!(
@@ -270,10 +277,7 @@ impl Table {
                 verdict(l <= 1.5 * s)
             );
         }
-        if let Some(large) = first_outputs.last()
-            && let (Some(ours), Some(wipe)) =
-                (large.get(Peer::Streamapp), large.get(Peer::KsWindow))
-        {
+        if let Some((large, ours, wipe)) = self.largest_against_window(": first output") {
             println!(
                 "goal: {} at least 10x faster than Kafka Streams' wipe-and-restore: {:.1}x — {}",
                 large.metric,
@@ -283,13 +287,7 @@ impl Table {
         }
         // Issue 32: a full restore (an empty state directory) at least twice Kafka Streams'
         // rate, at the largest store.
-        if let Some(largest) = self
-            .rows
-            .iter()
-            .rfind(|r| r.metric.ends_with(": full restore rate"))
-            && let (Some(ours), Some(theirs)) =
-                (largest.get(Peer::Streamapp), largest.get(Peer::KsWindow))
-        {
+        if let Some((largest, ours, theirs)) = self.largest_against_window(": full restore rate") {
             println!(
                 "goal: {} at least 2x Kafka Streams': {:.2}x ({ours:.0} against {theirs:.0} records/s) — {}",
                 largest.metric,

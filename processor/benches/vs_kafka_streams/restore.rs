@@ -19,6 +19,7 @@ use streamapp_api::health::ProcessorHealth;
 
 use crate::Settings;
 use crate::common::*;
+use crate::recovery::restore_limit;
 use crate::systems::App;
 
 /// What a full restore cost one system.
@@ -40,8 +41,9 @@ impl Restore {
 
 /// Restores: a system's report of its restores since its start, once every one of the
 /// application's partitions has finished.
-struct Finished {
-    records: u64,
+pub struct Finished {
+    /// Changelog records restored, over every partition.
+    pub records: u64,
     first_start_ms: i64,
     last_end_ms: i64,
 }
@@ -56,21 +58,13 @@ pub fn full_restore(settings: &Settings, app: &App, loaded: u64) -> Restore {
         .unwrap_or_else(|e| panic!("{name}: deleting {}: {e}", state.display()));
     let started = Instant::now();
     let mut system = app.start(settings);
-    // Restoring a large store from scratch takes a while: 1 s more per 20,000 keys.
-    let limit = STALL_TIMEOUT + Duration::from_secs(loaded / 20_000);
-    let finished = loop {
-        system.check_alive();
-        if let Some(finished) = finished_restores(&system, app.partitions()) {
-            break finished;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "{name}: not restored {:?} after the start on an empty state directory:\n{}",
-            started.elapsed(),
-            log_tail(&system.log)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let finished = system.wait_for(
+        "restored into an empty state directory",
+        started,
+        restore_limit(loaded),
+        Duration::from_millis(20),
+        |s| finished_restores(s, app.partitions()),
+    );
     let in_service_s = started.elapsed().as_secs_f64();
     system.stop();
     assert!(
@@ -140,17 +134,15 @@ fn peer_restores(log: &str, partitions: usize) -> Option<Finished> {
 /// time in epoch milliseconds, `<ms> restore-start <tp> offsets a..b` and
 /// `<ms> restored <tp> <n> records; total <t>`.
 pub struct PeerRestores {
-    /// Changelog records restored, over every `restored` line.
-    pub records: u64,
     /// Partitions whose restore ended.
     ended: usize,
-    finished: Finished,
+    /// Every `restored` line's records, the first start and the last end.
+    pub finished: Finished,
 }
 
 impl PeerRestores {
     pub fn read(log: &str) -> PeerRestores {
         let mut report = PeerRestores {
-            records: 0,
             ended: 0,
             finished: Finished {
                 records: 0,
@@ -172,14 +164,13 @@ impl PeerRestores {
                     let Some(Ok(n)) = words.nth(1).map(str::parse::<u64>) else {
                         continue;
                     };
-                    report.records += n;
+                    report.finished.records += n;
                     report.ended += 1;
                     report.finished.last_end_ms = report.finished.last_end_ms.max(ms);
                 }
                 _ => {}
             }
         }
-        report.finished.records = report.records;
         report
     }
 }

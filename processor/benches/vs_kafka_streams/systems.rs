@@ -413,7 +413,9 @@ impl App {
         if self.processor.is_some() {
             return system.processor_metrics()("restore_records_total") as u64;
         }
-        crate::restore::PeerRestores::read(&system.own_log()).records
+        crate::restore::PeerRestores::read(&system.own_log())
+            .finished
+            .records
     }
 
     /// Deletes the application's topics and, unless BENCH_KEEP_WORK is set, its state

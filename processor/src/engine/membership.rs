@@ -61,8 +61,9 @@ impl ConsumerContext for GroupContext {
 
 pub type GroupConsumer = BaseConsumer<GroupContext>;
 
-/// The engine's consumer buffer, unless the user's properties say otherwise (the benchmarks'
-/// transactional copy takes the same, so that only the topology differs).
+/// The engine's consumer buffer, unless the user's properties say otherwise; the changelog
+/// reader of restores and standbys takes the same (and the benchmarks' transactional copy, so
+/// that only the topology differs).
 pub fn bound_consumer_buffer(client: &mut ClientConfig) {
     // Bounded buffers: the operator's memory budget counts on them. The bound counts the
     // records' bytes only; librdkafka keeps each record in an event of its own and its fetch

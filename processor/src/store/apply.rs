@@ -214,12 +214,15 @@ impl Database {
         let checked = |id: &[u8], sighting: &Sighting| {
             existing == Existing::Check && !expired(sighting) && !staged.forgets.contains(id)
         };
-        let to_check: Vec<&[u8]> = staged
-            .puts
-            .iter()
-            .filter(|(id, sighting)| checked(id, sighting))
-            .map(|(id, _)| id.as_slice())
-            .collect();
+        let to_check: Vec<&[u8]> = match existing {
+            Existing::Check => staged
+                .puts
+                .iter()
+                .filter(|(id, sighting)| checked(id, sighting))
+                .map(|(id, _)| id.as_slice())
+                .collect(),
+            Existing::Older => Vec::new(),
+        };
         let mut held = self.first_seen_all(&to_check)?.into_iter();
         let mut value = [0u8; MAX_ENCODED];
         for (id, sighting) in &staged.puts {
