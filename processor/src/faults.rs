@@ -30,6 +30,10 @@
 //!   open sleeps that long first (a slow disk, or a big store RocksDB takes long to open);
 //! - `locked-open-<partition>=<n>`: the first `n` opens of the partition's store fail at once
 //!   as if another process held its LOCK (the task backs off and retries, as with a real one).
+//!
+//! And one where a store is handed to the state updater to restore: `panic-in-restore=<n>`
+//! makes its thread panic as it takes the store, for the first `n` restores (a defect in the
+//! restore path: the engine must notice and start over, not wait for the restore forever).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -96,6 +100,24 @@ impl OpenFault {
             std::thread::sleep(delay);
         }
         Ok(())
+    }
+}
+
+/// What one restore handed to the state updater is to suffer (see the module's
+/// `panic-in-restore`). Decided where the faults live, carried out on the updater's thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestoreFault {
+    /// The state updater's thread panics as it takes the store.
+    pub panic: bool,
+}
+
+impl RestoreFault {
+    /// Called on the state updater's thread when it takes the store of `partition`.
+    pub fn before_restore(&self, partition: i32) {
+        if self.panic {
+            tracing::warn!(partition, "fault injection: the state updater panics");
+            panic!("a panic injected as the store of partition {partition} was taken to restore");
+        }
     }
 }
 
@@ -235,6 +257,14 @@ impl Faults {
         }
     }
 
+    /// Called when a store is handed to the state updater to restore: what that restore is to
+    /// suffer. Takes one `panic-in-restore` of the budget.
+    pub fn store_restore(&mut self) -> RestoreFault {
+        RestoreFault {
+            panic: self.take("panic-in-restore"),
+        }
+    }
+
     /// Called after a revoke suspended the stores.
     pub fn after_revoke(&mut self) {
         if self.take("crash-after-revoke") {
@@ -257,6 +287,10 @@ mod tests {
         assert_eq!(f.after_put(Some(b"fail-after-put")), Ok(()));
         let mut off = Faults::default();
         assert_eq!(off.after_put(Some(b"fail-after-put")), Ok(()));
+        assert_eq!(off.store_restore(), RestoreFault::default());
+        let mut panics = Faults::parse("panic-in-restore=1");
+        assert_eq!(panics.store_restore(), RestoreFault { panic: true });
+        assert_eq!(panics.store_restore(), RestoreFault { panic: false });
     }
 
     #[test]

@@ -38,7 +38,7 @@ use streamapp_api::state_volume::StateDir;
 use streamapp_api::state_volume::checkpoint::{self, CheckpointEntry};
 use tracing::info;
 
-use crate::faults::OpenFault;
+use crate::faults::{OpenFault, RestoreFault};
 use crate::restore::{RestoreError, Restorer, Skipped, Step};
 use crate::store::{
     ChangelogIdentity, MemoryRole, OpenStores, SharedMemory, StoreError, TaskStore, Window,
@@ -46,6 +46,9 @@ use crate::store::{
 
 /// Changelog records restored per step, over all partitions, before requests are served again.
 const STEP_RECORDS: usize = 50_000;
+/// The threads' names (in [`Update::Panicked`] too).
+const UPDATER_THREAD: &str = "state-updater";
+const STORE_THREAD: &str = "state-stores";
 /// How long the thread waits for a request when it has nothing to read.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 
@@ -53,6 +56,7 @@ enum Request {
     Restore {
         partition: i32,
         store: Box<TaskStore>,
+        fault: RestoreFault,
     },
     Follow {
         partition: i32,
@@ -207,6 +211,27 @@ pub enum Update {
         partition: i32,
         result: Result<(), StoreError>,
     },
+    /// One of the updater's threads panicked: what it was doing will never be reported, and
+    /// the stores it held are closed. Sent as it unwinds, after those stores dropped.
+    Panicked { thread: &'static str },
+}
+
+/// Tells the engine when the thread holding it panics ([`Update::Panicked`]); without it a
+/// restore would stay "in progress" for good, the engine waiting for updates that never come.
+/// The last field of what a thread owns, so it drops after the stores.
+struct PanicNotice {
+    thread: &'static str,
+    updates: Sender<Update>,
+}
+
+impl Drop for PanicNotice {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.updates.send(Update::Panicked {
+                thread: self.thread,
+            });
+        }
+    }
 }
 
 pub struct StateUpdater {
@@ -233,7 +258,7 @@ impl StateUpdater {
         let (update_tx, updates) = mpsc::channel();
         let worker_updates = update_tx.clone();
         let thread = std::thread::Builder::new()
-            .name("state-updater".into())
+            .name(UPDATER_THREAD.into())
             .spawn(move || Worker::new(restorer, follower, worker_updates).run(&request_rx))
             .expect("spawning the state updater");
         Ok(StateUpdater {
@@ -251,13 +276,16 @@ impl StateUpdater {
     /// [`StateUpdater::close`]), with `opener`, on a thread of its own.
     pub fn with_stores(mut self, opener: StoreOpener) -> Self {
         let (store_requests, store_request_rx) = mpsc::channel();
-        let updates = self.update_tx.clone();
+        let notice = PanicNotice {
+            thread: STORE_THREAD,
+            updates: self.update_tx.clone(),
+        };
         let thread = std::thread::Builder::new()
-            .name("state-stores".into())
+            .name(STORE_THREAD.into())
             .spawn(move || {
                 for request in store_request_rx {
                     // The engine is gone when a send fails: the store closes with the update.
-                    let _ = updates.send(opener.serve(request));
+                    let _ = notice.updates.send(opener.serve(request));
                 }
             })
             .expect("spawning the state updater's store thread");
@@ -297,11 +325,13 @@ impl StateUpdater {
         });
     }
 
-    /// Hands `store` over to be restored from its own changelog offset to the end.
-    pub fn restore(&self, partition: i32, store: TaskStore) {
+    /// Hands `store` over to be restored from its own changelog offset to the end (`fault`:
+    /// what a test makes the restore suffer).
+    pub fn restore(&self, partition: i32, store: TaskStore, fault: RestoreFault) {
         self.send(Request::Restore {
             partition,
             store: Box::new(store),
+            fault,
         });
     }
 
@@ -508,6 +538,8 @@ struct Worker {
     standbys: Option<Reader>,
     follower: Follower,
     updates: Sender<Update>,
+    /// Last: it drops after the readers and their stores.
+    _notice: PanicNotice,
 }
 
 impl Worker {
@@ -516,6 +548,10 @@ impl Worker {
             restoring: Reader::new(restorer),
             standbys: None,
             follower,
+            _notice: PanicNotice {
+                thread: UPDATER_THREAD,
+                updates: updates.clone(),
+            },
             updates,
         }
     }
@@ -554,7 +590,12 @@ impl Worker {
 
     fn serve(&mut self, request: Request) {
         match request {
-            Request::Restore { partition, store } => {
+            Request::Restore {
+                partition,
+                store,
+                fault,
+            } => {
+                fault.before_restore(partition);
                 if let Some(standbys) = &mut self.standbys {
                     standbys.take(partition);
                 }

@@ -479,7 +479,8 @@ impl Engine {
             let task = self.dedup.tasks.get_mut(&p).expect("task exists");
             let store = task.store.take().expect("filtered");
             task.restore_started = Some(Instant::now());
-            self.updater.restore(p, store);
+            let fault = self.faults.store_restore();
+            self.updater.restore(p, store, fault);
             self.in_updater.insert(p);
         }
         // Standbys stay with the updater for good: only restores make the process Restoring.
@@ -608,6 +609,13 @@ impl Engine {
                     self.give_back(p, store);
                 }
                 return Err(error.into());
+            }
+            Update::Panicked { thread } => {
+                // The stores it held are closed (dropped as it unwound): the engine starts over
+                // and opens them again, as after any fatal error.
+                return Err(EngineError::Fatal(format!(
+                    "the state updater's thread {thread} panicked (see the panic above); the stores it held are closed"
+                )));
             }
             Update::Opened { partition, result } => self.on_store_opened(partition, result),
             Update::Reopened { partition, result } => self.on_store_reopened(partition, result),

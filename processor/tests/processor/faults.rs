@@ -1,6 +1,7 @@
 //! Fault injection: failures after a store put, task migration with old state dirs, revokes,
-//! kill -9 in a loop, at a suspended store and between the Kafka commit and the store apply,
-//! and damaged RocksDB files. Exactly-once must hold through all of it.
+//! kill -9 in a loop, at a suspended store and between the Kafka commit and the store apply, a
+//! panic in the state updater, and damaged RocksDB files. Exactly-once must hold through all
+//! of it.
 
 use crate::common;
 
@@ -369,6 +370,60 @@ async fn a_crash_between_the_kafka_commit_and_the_store_apply_replays_the_tail_a
     assert_eq!(output.len(), 100, "nothing lost, nothing doubled");
     assert!(counts(&output).values().all(|&n| n == 1));
     assert_eq!(app.read(&app.duplicates).len(), 100);
+}
+
+/// A panic on the state updater's thread (a defect in the restore path) must not leave the
+/// task restoring for good: the engine notices, starts over, and the restore it begins again
+/// catches the store up with the changelog.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panic_in_the_state_updater_restarts_the_engine_and_the_restore_completes() {
+    let _serial = serial().await;
+    let app = App::with_partitions("updaterpanic", 1).await;
+    let t0 = now_ms();
+    let mut first = app.start("pod-0");
+    first.wait_ready(MINUTE);
+    app.produce(
+        &(0..100)
+            .map(|i| Input::cmd(&format!("p-{i}"), t0 + i))
+            .collect::<Vec<_>>(),
+    );
+    app.wait_until_processed(MINUTE);
+    first.drain_and_exit();
+
+    // Another pod, with an empty state directory: its store is restored from the changelog,
+    // and the first restore panics the thread that runs it.
+    let mut p = app.start_with("pod-1", &[("STREAMAPP_FAULTS", "panic-in-restore=1")]);
+    p.wait_ready(MINUTE);
+    let log = p.log_text();
+    assert_eq!(
+        log.matches("fault injection: the state updater panics")
+            .count(),
+        1,
+        "one injected panic:\n{log}"
+    );
+    assert!(
+        log.contains("the state updater's thread state-updater panicked")
+            && log.contains("engine failed; restarting it"),
+        "the engine noticed and started over:\n{log}"
+    );
+    let health = p.health();
+    assert_eq!(
+        health.tasks[0].restore.as_ref().unwrap().records_restored,
+        100,
+        "the restarted engine restored the whole changelog"
+    );
+    // The restored store knows every id: each is a duplicate now, and a new one is not.
+    app.produce(
+        &(0..101)
+            .map(|i| Input::cmd(&format!("p-{i}"), t0 + 1000 + i))
+            .collect::<Vec<_>>(),
+    );
+    app.wait_until_processed(MINUTE);
+    assert_eq!(app.read(&app.duplicates).len(), 100);
+    let output = app.read(&app.output);
+    assert_eq!(output.len(), 101);
+    assert!(counts(&output).values().all(|&n| n == 1));
+    p.drain_and_exit();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -27,6 +27,7 @@ use common::{App, AppOptions, Input, Processor, counts, inspect, now_ms, serial}
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use streamapp_api::config::{ResolvedRocksDb, RocksDbProfile};
 use streamapp_api::health::{ProcessorHealth, TaskState};
+use streamapp_processor::faults::RestoreFault;
 use streamapp_processor::state_updater::{StateUpdater, Update};
 use streamapp_processor::store::{ChangelogIdentity, MemoryRole, SharedMemory, TaskStore, Window};
 use testbed::kafka;
@@ -212,7 +213,7 @@ fn a_standby_holds_only_committed_records_and_promotes_without_a_replay() {
     assert_eq!(store.id_count().unwrap(), 800, "exactly the committed ids");
 
     // Promotion: the ordinary restore, which finds nothing left to replay.
-    updater.restore(p, store);
+    updater.restore(p, store, RestoreFault::default());
     let deadline = Instant::now() + Duration::from_secs(30);
     let restored = loop {
         assert!(
