@@ -159,9 +159,22 @@ impl Faults {
         }
     }
 
-    /// Called by the `enrich` stage after the store put, with the record's fault header.
-    pub fn after_put(&mut self, requested: Option<&[u8]>) -> Result<(), Injected> {
-        let Some((name, delay)) = parse_request(requested) else {
+    /// Whether any fault is enabled: without, a record's fault header is never looked for
+    /// (a production processor does not scan every record's headers for it).
+    fn armed(&self) -> bool {
+        !self.budget.is_empty()
+    }
+
+    /// Called by the `enrich` stage after the store put; `requested`: the record's fault
+    /// header, read only when a fault is enabled.
+    pub fn after_put<'r>(
+        &mut self,
+        requested: impl FnOnce() -> Option<&'r [u8]>,
+    ) -> Result<(), Injected> {
+        if !self.armed() {
+            return Ok(());
+        }
+        let Some((name, delay)) = parse_request(requested()) else {
             return Ok(());
         };
         if name == ROUTE_CRASH || !self.take(name) {
@@ -205,9 +218,11 @@ impl Faults {
         }
     }
 
-    /// Called by the route stage after it sent the record to the repartition topic.
-    pub fn after_route(&mut self, requested: Option<&[u8]>) {
-        if parse_request(requested).is_some_and(|(name, _)| name == ROUTE_CRASH)
+    /// Called by the route stage after it sent the record to the repartition topic;
+    /// `requested` as for [`Faults::after_put`].
+    pub fn after_route<'r>(&mut self, requested: impl FnOnce() -> Option<&'r [u8]>) {
+        if self.armed()
+            && parse_request(requested()).is_some_and(|(name, _)| name == ROUTE_CRASH)
             && self.take(ROUTE_CRASH)
         {
             tracing::warn!("fault injection: crashing after routing a record");
@@ -281,12 +296,16 @@ mod tests {
     #[test]
     fn faults_fire_only_within_their_budget_and_only_when_asked() {
         let mut f = Faults::parse("fail-after-put=2");
-        assert_eq!(f.after_put(None), Ok(()));
-        assert_eq!(f.after_put(Some(b"fail-after-put")), Err(Injected::Fail));
-        assert_eq!(f.after_put(Some(b"fail-after-put")), Err(Injected::Fail));
-        assert_eq!(f.after_put(Some(b"fail-after-put")), Ok(()));
+        assert_eq!(f.after_put(|| None), Ok(()));
+        assert_eq!(f.after_put(|| Some(b"fail-after-put")), Err(Injected::Fail));
+        assert_eq!(f.after_put(|| Some(b"fail-after-put")), Err(Injected::Fail));
+        assert_eq!(f.after_put(|| Some(b"fail-after-put")), Ok(()));
         let mut off = Faults::default();
-        assert_eq!(off.after_put(Some(b"fail-after-put")), Ok(()));
+        assert_eq!(
+            off.after_put(|| panic!("no fault enabled: the header is not read")),
+            Ok(())
+        );
+        off.after_route(|| panic!("no fault enabled: the header is not read"));
         assert_eq!(off.store_restore(), RestoreFault::default());
         let mut panics = Faults::parse("panic-in-restore=1");
         assert_eq!(panics.store_restore(), RestoreFault { panic: true });
@@ -297,7 +316,7 @@ mod tests {
     fn a_pause_before_the_commit_is_not_spent_in_the_stage_but_once_before_the_commit() {
         let mut f = Faults::parse("pause-before-commit=1");
         let start = std::time::Instant::now();
-        assert_eq!(f.after_put(Some(b"pause-before-commit:50")), Ok(()));
+        assert_eq!(f.after_put(|| Some(b"pause-before-commit:50")), Ok(()));
         assert!(start.elapsed() < Duration::from_millis(50));
         f.before_commit();
         assert!(start.elapsed() >= Duration::from_millis(50));
@@ -310,9 +329,12 @@ mod tests {
     fn a_fault_may_stall_the_stage_before_it_acts() {
         let mut f = Faults::parse("fail-after-put=1,stall-after-put=1");
         let start = std::time::Instant::now();
-        assert_eq!(f.after_put(Some(b"stall-after-put:30")), Ok(()));
+        assert_eq!(f.after_put(|| Some(b"stall-after-put:30")), Ok(()));
         assert!(start.elapsed() >= Duration::from_millis(30));
-        assert_eq!(f.after_put(Some(b"fail-after-put:1")), Err(Injected::Fail));
+        assert_eq!(
+            f.after_put(|| Some(b"fail-after-put:1")),
+            Err(Injected::Fail)
+        );
     }
 
     #[test]

@@ -23,6 +23,8 @@ use crate::store::SharedMemory;
 /// Records processed between two looks at the engine's timers (at most about a millisecond
 /// of processing; the commit interval is 100 ms).
 const TICK_EVERY: u32 = 64;
+/// How long a poll waits for a record when the last one brought none.
+const POLL_WAIT: Duration = Duration::from_millis(50);
 /// How often the ends of the changelog and the inputs are read (off this thread) for the
 /// health report and the lag.
 const LOG_ENDS_EVERY: Duration = Duration::from_secs(5);
@@ -165,6 +167,7 @@ fn run_engine(cfg: EngineConfig, process: &Process, faults: Faults) -> Result<u6
     )?;
     let mut last_ends = Instant::now() - Duration::from_secs(60);
     let mut since_tick = 0u32;
+    let mut record = false;
     let result = loop {
         if shared.should_stop() {
             break match engine.lock().unwrap().drain(&consumer) {
@@ -172,10 +175,15 @@ fn run_engine(cfg: EngineConfig, process: &Process, faults: Faults) -> Result<u6
                 DrainOutcome::Failed(e) => Err(EngineError::Fatal(format!("drain: {e}"))),
             };
         }
-        // Rebalance callbacks run inside poll and lock the engine themselves.
-        let polled = consumer.poll(Duration::from_millis(50));
+        // Rebalance callbacks run inside poll and lock the engine themselves. Right after a
+        // record the next one is most likely fetched already: asked for without a wait,
+        // librdkafka reads no clock for a deadline. Nothing there: the tick runs, and the
+        // next poll waits.
+        let wait = if record { Duration::ZERO } else { POLL_WAIT };
+        let polled = consumer.poll(wait);
         let mut e = engine.lock().unwrap();
-        let (step, record) = match polled {
+        let step;
+        (step, record) = match polled {
             None => (Ok(()), false),
             Some(Ok(m)) => (e.process(&consumer, &m), true),
             Some(Err(err)) => (e.on_consumer_error(&consumer, err), false),

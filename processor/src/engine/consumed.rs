@@ -9,7 +9,6 @@ use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Header, Headers, Messag
 use super::Stage;
 use super::delivery::Origin;
 use crate::repartition;
-use crate::shared::now_ms;
 use crate::store::Source;
 use crate::topology;
 
@@ -25,7 +24,7 @@ pub(super) struct Consumed<'a> {
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
     headers: Option<&'a BorrowedHeaders>,
-    /// The record's time (the producer's clock when it has none).
+    /// The record's time (the engine's wall clock when it has none).
     pub time: i64,
     topic: &'a str,
     /// `topic/partition/offset` of the input record, as a repartition record carries it.
@@ -33,15 +32,34 @@ pub(super) struct Consumed<'a> {
 }
 
 impl<'a> Consumed<'a> {
-    pub fn of(m: &'a BorrowedMessage<'a>, stage: Stage, repartitioning: bool) -> Self {
+    /// `topic`: the message's, read once by the caller; `wall_ms`: the engine's wall clock.
+    pub fn of(
+        m: &'a BorrowedMessage<'a>,
+        topic: &'a str,
+        stage: Stage,
+        repartitioning: bool,
+        wall_ms: i64,
+    ) -> Self {
         let headers = m.headers();
-        let find = |name: &str| headers.and_then(|h| h.iter().find(|x| x.key == name));
         let repartitioned = repartitioning && stage == Stage::Dedup;
         let (id, key, carried_source) = if repartitioned {
+            // The route stage's two headers, in one pass (reading a header's name costs a
+            // strlen and a UTF-8 check); the first of each name counts.
+            let (mut key, mut source) = (None, None);
+            for h in headers.iter().flat_map(|h| h.iter()) {
+                if h.key == repartition::KEY_HEADER {
+                    key = key.or(Some(h.value));
+                } else if h.key == repartition::SOURCE_HEADER {
+                    source = source.or(Some(h.value));
+                }
+                if key.is_some() && source.is_some() {
+                    break;
+                }
+            }
             (
                 m.key(),
-                find(repartition::KEY_HEADER).and_then(|h| h.value),
-                find(repartition::SOURCE_HEADER).and_then(|h| std::str::from_utf8(h.value?).ok()),
+                key.flatten(),
+                source.flatten().and_then(|v| std::str::from_utf8(v).ok()),
             )
         } else {
             (None, m.key(), None)
@@ -54,8 +72,8 @@ impl<'a> Consumed<'a> {
             key,
             value: m.payload(),
             headers,
-            time: m.timestamp().to_millis().unwrap_or_else(now_ms),
-            topic: m.topic(),
+            time: m.timestamp().to_millis().unwrap_or(wall_ms),
+            topic,
             carried_source,
         }
     }

@@ -78,7 +78,7 @@ use crate::lifecycle::{Event, Phase};
 use crate::log_ends::{self, LogEndsReader};
 use crate::metrics::Metrics;
 use crate::repartition::{Purger, RouteStage};
-use crate::shared::{DrainOutcome, Shared};
+use crate::shared::{DrainOutcome, Shared, now_ms};
 use crate::state_updater::{StateUpdater, StoreOpener};
 use crate::store::{SharedMemory, Verifier, Window};
 use dedup::{DedupStage, Task};
@@ -290,6 +290,10 @@ pub struct Engine {
     paused_until: Option<Instant>,
     /// Consecutive aborts on transient produce failures (the pause doubles with each).
     transient_aborts: u32,
+    /// The wall clock in ms as of the last tick (at most TICK_EVERY records, or one poll's
+    /// wait, old): what the records are checked against for the maximum skew, and the time of
+    /// their changelog records. Read per record, the clock cost more than the record's lookup.
+    wall_ms: i64,
     /// The processor's own group membership, when standbys are configured; `None`: the
     /// consumer's (librdkafka's) membership.
     own_group: Option<state_aware_group::StateAwareGroup>,
@@ -378,6 +382,7 @@ impl Engine {
             reassign_needed: false,
             paused_until: None,
             transient_aborts: 0,
+            wall_ms: now_ms(),
             own_group,
         }));
         let consumer = membership::new_consumer(&cfg, engine.clone())?;
@@ -394,6 +399,7 @@ impl Engine {
     /// Opens, restores, activates, commits when due and publishes health. Call after every
     /// poll.
     pub fn tick(&mut self, consumer: &GroupConsumer) -> Result<(), EngineError> {
+        self.wall_ms = now_ms();
         self.shared.beat(self.cfg.thread);
         if let Some(e) = self.pending_error.take() {
             return Err(e);

@@ -49,7 +49,14 @@ impl Engine {
         consumer: &GroupConsumer,
         m: &BorrowedMessage<'_>,
     ) -> Result<(), EngineError> {
-        let stage = self.stage_of(m.topic());
+        // Read once: each read of a message's topic is a strlen and a UTF-8 check.
+        let topic = m.topic();
+        let from_input = topic == self.cfg.topology.input_topic;
+        let stage = if from_input && self.cfg.repartition_topic.is_some() {
+            Stage::Route
+        } else {
+            Stage::Dedup
+        };
         let (p, offset) = (m.partition(), m.offset());
         if !self.takes(stage, p, offset) {
             return Ok(());
@@ -65,8 +72,14 @@ impl Engine {
             }
         }
         self.txn.begin()?;
-        let record = Consumed::of(m, stage, self.cfg.repartition_topic.is_some());
-        if m.topic() == self.cfg.topology.input_topic {
+        let record = Consumed::of(
+            m,
+            topic,
+            stage,
+            self.cfg.repartition_topic.is_some(),
+            self.wall_ms,
+        );
+        if from_input {
             self.metrics.records_in.inc();
         }
         let outcome = match (&verdict, stage) {
@@ -98,14 +111,6 @@ impl Engine {
                 );
                 Ok(())
             }
-        }
-    }
-
-    fn stage_of(&self, topic: &str) -> Stage {
-        if self.cfg.repartition_topic.is_some() && topic == self.cfg.topology.input_topic {
-            Stage::Route
-        } else {
-            Stage::Dedup
         }
     }
 
@@ -171,7 +176,7 @@ impl Engine {
         };
         topology::check_time(
             record.time,
-            now_ms(),
+            self.wall_ms,
             self.cfg.topology.max_skew.as_millis() as i64,
         )?;
         Ok(id)
@@ -218,7 +223,7 @@ impl Engine {
                     partition: None,
                     key: record.key,
                     value: record.value,
-                    headers: record.headers_with_id(&id),
+                    headers: Some(record.headers_with_id(&id)),
                     timestamp: Some(record.time),
                 };
                 self.txn.send(out, origin)?;
@@ -259,14 +264,20 @@ impl Engine {
                 partition: Some(p),
                 key: Some(&id),
                 value: Some(&value[..len]),
-                headers: OwnedHeaders::new(),
-                timestamp: None,
+                headers: None,
+                // The wall clock (the changelog's retention counts from it), as of the last
+                // tick: one clock read per tick instead of librdkafka's per record.
+                timestamp: Some(self.wall_ms),
             },
             origin,
         )?;
         // The downstream `enrich` stage: the place where a failure after the put would leave
         // an aborted write in a store that applied writes eagerly.
-        if self.faults.after_put(record.header(FAULT_HEADER)).is_err() {
+        if self
+            .faults
+            .after_put(|| record.header(FAULT_HEADER))
+            .is_err()
+        {
             return Err(RecordError::Stage(
                 "injected failure in the enrich stage".into(),
             ));
@@ -277,7 +288,7 @@ impl Engine {
                 partition: None,
                 key: record.key,
                 value: record.value,
-                headers: record.headers_with_id(&id),
+                headers: Some(record.headers_with_id(&id)),
                 timestamp: Some(record.time),
             },
             origin,
@@ -356,7 +367,7 @@ impl Engine {
                 partition: None,
                 key,
                 value,
-                headers,
+                headers: Some(headers),
                 timestamp: None,
             },
             record.origin(),

@@ -33,13 +33,13 @@ impl Engine {
                 partition: Some(partition),
                 key: Some(&id),
                 value: record.value,
-                headers,
+                headers: Some(headers),
                 timestamp: Some(record.time),
             },
             record.origin(),
         )?;
         self.faults
-            .after_route(record.header(crate::faults::FAULT_HEADER));
+            .after_route(|| record.header(crate::faults::FAULT_HEADER));
         self.metrics.records_repartitioned.inc();
         Ok(())
     }

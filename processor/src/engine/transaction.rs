@@ -38,7 +38,8 @@ pub(super) struct Outgoing<'a> {
     pub partition: Option<i32>,
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
-    pub headers: OwnedHeaders,
+    /// `None`: no headers (librdkafka then allocates no header list for the record).
+    pub headers: Option<OwnedHeaders>,
     /// The record's time (the input record's, carried to what is derived from it); `None`:
     /// the producer's clock.
     pub timestamp: Option<i64>,
@@ -185,7 +186,10 @@ impl Transaction {
     pub fn send(&mut self, out: Outgoing<'_>, origin: Origin) -> Result<(), ProduceError> {
         let topic = out.topic;
         let mut record: BaseRecord<'_, [u8], [u8], Box<Origin>> =
-            BaseRecord::with_opaque_to(topic, Box::new(origin)).headers(out.headers);
+            BaseRecord::with_opaque_to(topic, Box::new(origin));
+        if let Some(h) = out.headers {
+            record = record.headers(h);
+        }
         if let Some(p) = out.partition {
             record = record.partition(p);
         }
