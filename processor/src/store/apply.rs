@@ -37,8 +37,21 @@ pub(super) struct Database {
     pub(super) watermark: Arc<AtomicI64>,
 }
 
-/// Ids up to this long are looked up without allocating their key.
+/// Ids up to this long are looked up and written without allocating their key.
 const STACK_KEY: usize = 126;
+
+/// Calls `f` with the store key of `id`, built on the stack (ids up to [`STACK_KEY`] bytes):
+/// the key of every record's lookup and of every put.
+fn with_id_key<R>(id: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
+    let mut buf = [0u8; STACK_KEY + ID_PREFIX.len()];
+    let len = ID_PREFIX.len() + id.len();
+    if len > buf.len() {
+        return f(&id_key(id));
+    }
+    buf[..ID_PREFIX.len()].copy_from_slice(ID_PREFIX);
+    buf[ID_PREFIX.len()..len].copy_from_slice(id);
+    f(&buf[..len])
+}
 
 /// What one apply will write, decided before it is written: the metadata it moves to and the
 /// cutoff below which ids are outside the window.
@@ -101,22 +114,9 @@ impl Database {
         }
     }
 
-    /// The stored value of `id`, read in place. The lookup of every record: the key is built
-    /// on the stack (ids up to [`STACK_KEY`] bytes).
+    /// The stored value of `id`, read in place: the lookup of every record.
     fn get_id(&self, id: &[u8]) -> Result<Option<DBPinnableSlice<'_>>> {
-        let mut buf = [0u8; STACK_KEY + ID_PREFIX.len()];
-        let len = ID_PREFIX.len() + id.len();
-        let heap;
-        let key = if len > buf.len() {
-            heap = id_key(id);
-            &heap[..]
-        } else {
-            buf[..ID_PREFIX.len()].copy_from_slice(ID_PREFIX);
-            buf[ID_PREFIX.len()..len].copy_from_slice(id);
-            &buf[..len]
-        };
-        self.db
-            .get_pinned_opt(key, &self.lookup)
+        with_id_key(id, |key| self.db.get_pinned_opt(key, &self.lookup))
             .map_err(|e| StoreError::from_rocksdb(&self.path, e))
     }
 
@@ -238,7 +238,7 @@ impl Database {
                 continue; // a later put of the same id wins, whatever the order
             }
             let len = sighting.encode(&mut value);
-            batch.put(id_key(id), &value[..len]);
+            with_id_key(id, |key| batch.put(key, &value[..len]));
         }
         for (key, value) in [
             (META_CHANGELOG_OFFSET, meta.changelog_offset),

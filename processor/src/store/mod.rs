@@ -33,6 +33,7 @@ mod options;
 mod sighting;
 mod verify;
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -147,11 +148,12 @@ impl Staged {
     /// the first of two with the same time.
     pub fn put_sighting(&mut self, id: &[u8], sighting: Sighting) {
         self.observe_time(sighting.time);
-        match self.puts.get_mut(id) {
-            Some(held) if held.time >= sighting.time => {}
-            Some(held) => *held = sighting,
-            None => {
-                self.puts.insert(id.to_vec(), sighting);
+        // One search: nearly every put is of an id the batch does not hold yet.
+        match self.puts.entry(id.to_vec()) {
+            Entry::Occupied(held) if held.get().time >= sighting.time => {}
+            Entry::Occupied(mut held) => *held.get_mut() = sighting,
+            Entry::Vacant(slot) => {
+                slot.insert(sighting);
             }
         }
     }
