@@ -123,6 +123,12 @@ pub enum EngineError {
     /// configuration or the cluster must change, restarting does not help.
     #[error("topic {topic} cannot be written: {detail}")]
     TopicUnusable { topic: String, detail: String },
+    /// A thread of the state updater panicked: the stores it held are closed, and the engine
+    /// starts over (opening and restoring them again).
+    #[error(
+        "the state updater's thread {thread} panicked (see the panic above); the stores it held are closed"
+    )]
+    UpdaterPanicked { thread: &'static str },
     #[error(transparent)]
     Restore(#[from] crate::restore::RestoreError),
 }

@@ -610,13 +610,7 @@ impl Engine {
                 }
                 return Err(error.into());
             }
-            Update::Panicked { thread } => {
-                // The stores it held are closed (dropped as it unwound): the engine starts over
-                // and opens them again, as after any fatal error.
-                return Err(EngineError::Fatal(format!(
-                    "the state updater's thread {thread} panicked (see the panic above); the stores it held are closed"
-                )));
-            }
+            Update::Panicked { thread } => return Err(EngineError::UpdaterPanicked { thread }),
             Update::Opened { partition, result } => self.on_store_opened(partition, result),
             Update::Reopened { partition, result } => self.on_store_reopened(partition, result),
             Update::Closed { partition, result } => self.on_store_closed(partition, result),

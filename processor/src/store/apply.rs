@@ -207,7 +207,7 @@ impl Database {
         // Forgotten ids (changelog tombstones) go before the puts: an id put again after its
         // tombstone is in both, and its put must win.
         for id in &staged.forgets {
-            batch.delete(id_key(id));
+            with_id_key(id, |key| batch.delete(key));
         }
         let expired = |sighting: &Sighting| cutoff.is_some_and(|c| sighting.time < c);
         // The puts to compare with what the store holds, in key order: read together.
