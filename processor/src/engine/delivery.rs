@@ -11,6 +11,8 @@ use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
 
+use super::send_now::send_lingering_for;
+
 /// The consumed record a produced record belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Origin {
@@ -82,8 +84,9 @@ impl ProducerContext for DeliveryTracker {
     }
 }
 
-/// How long [`await_deliveries`] sleeps when no delivery report was waiting.
-const DELIVERY_WAIT_SLICE: Duration = Duration::from_micros(200);
+/// How long [`await_deliveries`] waits, letting lingering batches go, when no delivery report
+/// was waiting (librdkafka counts this wait in whole milliseconds).
+const DELIVERY_WAIT_SLICE: Duration = Duration::from_millis(1);
 
 /// Serves delivery reports until no record is in flight, or `timeout` passes.
 ///
@@ -96,7 +99,8 @@ const DELIVERY_WAIT_SLICE: Duration = Duration::from_micros(200);
 /// librdkafka's queue for the rest in whole milliseconds, so after a slice's first event it
 /// spins (with `poll(1 ms)` slices, 9% of the processing thread's time went to the clock reads
 /// of that spin). Instead: one event at a time (`poll(0)` takes at most one) while they come,
-/// and a short sleep when none was waiting.
+/// and a short wait when none was waiting, during which librdkafka sends what it holds back
+/// for `linger.ms` ([`super::send_now`]: a commit does not wait out the linger).
 pub fn await_deliveries<C: ProducerContext>(producer: &BaseProducer<C>, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     let mut in_flight = producer.in_flight_count();
@@ -107,7 +111,7 @@ pub fn await_deliveries<C: ProducerContext>(producer: &BaseProducer<C>, timeout:
             if Instant::now() >= deadline {
                 return;
             }
-            std::thread::sleep(DELIVERY_WAIT_SLICE);
+            send_lingering_for(producer, DELIVERY_WAIT_SLICE);
         }
         in_flight = now_in_flight;
     }

@@ -55,6 +55,7 @@ mod membership;
 mod processing;
 mod reporting;
 mod routing;
+mod send_now;
 mod state_aware_group;
 mod tasks;
 mod transaction;

@@ -77,6 +77,37 @@ async fn each_id_is_output_exactly_once_and_repeats_go_to_the_duplicates_topic()
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_commit_sends_what_the_producer_lingers_on_instead_of_waiting_out_linger_ms() {
+    let _serial = serial().await;
+    // linger.ms just under the transaction timeout (10 s; librdkafka wants it below its
+    // message timeout, which a transactional producer bounds by the transaction timeout).
+    let linger = Duration::from_secs(8);
+    let app = App::create(
+        "linger",
+        AppOptions {
+            // The id from the value: the route stage repartitions by it, so each record
+            // passes through two transactions.
+            dedup_id: serde_json::json!({ "source": "JsonPointer", "jsonPointer": "/id" }),
+            kafka_properties: serde_json::json!({ "linger.ms": linger.as_millis().to_string() }),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(app.repartitions());
+    let mut p = app.start("pod-0");
+    p.wait_ready(MINUTE);
+    let t0 = now_ms();
+    let records: Vec<Input> = (0..20)
+        .map(|i| Input::cmd(&format!("linger-{i}"), t0 + i))
+        .collect();
+    app.produce(&records);
+    // A commit that waited for the producer's batches to linger would hold each record for
+    // at least 8 s in its route transaction and 8 s more in its dedup transaction.
+    let output = app.wait_for_records(&app.output, records.len(), linger * 3 / 4);
+    assert_eq!(counts(&output).len(), records.len(), "every id, once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn bad_records_go_to_the_dead_letter_topic_with_a_reason_and_nothing_is_lost() {
     let _serial = serial().await;
     let app = App::create(
