@@ -421,11 +421,7 @@ impl Engine {
         {
             self.activate_restored(consumer)?;
         }
-        if self
-            .txn
-            .age()
-            .is_some_and(|age| age >= self.cfg.topology.commit_interval)
-        {
+        if self.txn.commit_due(self.cfg.topology.commit_interval) {
             self.commit(consumer)?;
         }
         if self.paused_until.is_some_and(|t| Instant::now() >= t) {

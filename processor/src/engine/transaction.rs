@@ -98,6 +98,8 @@ struct ProducerSetup {
 pub(super) struct Transaction {
     producer: BaseProducer<DeliveryTracker>,
     open: Option<OpenTxn>,
+    /// When the last commit began (see [`commit_due`]).
+    last_commit: Option<Instant>,
     /// Counts aborts: a record fetched before one is not processed (it comes again).
     aborts: u64,
     setup: ProducerSetup,
@@ -123,6 +125,7 @@ impl Transaction {
         Ok(Transaction {
             producer: new_producer(&setup, &shared)?,
             open: None,
+            last_commit: None,
             aborts: 0,
             setup,
             shared,
@@ -134,9 +137,14 @@ impl Transaction {
         self.open.is_some()
     }
 
-    /// How long the open transaction has been open.
-    pub fn age(&self) -> Option<Duration> {
-        self.open.as_ref().map(|t| t.started.elapsed())
+    /// Whether the open transaction is due to commit, `interval` being the commit interval.
+    pub fn commit_due(&self, interval: Duration) -> bool {
+        commit_due(
+            self.open.as_ref().map(|t| t.started),
+            self.last_commit,
+            Instant::now(),
+            interval,
+        )
     }
 
     /// How many transactions were aborted so far (a change says: rewound).
@@ -236,6 +244,7 @@ impl Transaction {
         };
         let started = txn.started;
         let commit_start = Instant::now();
+        self.last_commit = Some(commit_start);
         let failures = self.producer.context().take_failures();
         if !failures.is_empty() {
             return CommitOutcome::ProduceFailed(failures);
@@ -460,6 +469,23 @@ impl Transaction {
     }
 }
 
+/// Whether a transaction opened at `opened` (none open: no) is due to commit at `now`: once
+/// `interval` has passed since the previous commit began, or since the transaction opened when
+/// no commit came before. Kafka Streams counts `commit.interval.ms` the same way. Counting from
+/// the transaction's opening instead would stretch the cadence to the interval plus the
+/// commit's own time, and a record passes through two transactions (route, then dedup), each of
+/// which it waits for.
+fn commit_due(
+    opened: Option<Instant>,
+    last_commit: Option<Instant>,
+    now: Instant,
+    interval: Duration,
+) -> bool {
+    opened.is_some_and(|opened| {
+        now.saturating_duration_since(last_commit.unwrap_or(opened)) >= interval
+    })
+}
+
 /// Creates the transactional producer and initialises its transactions.
 fn new_producer(
     setup: &ProducerSetup,
@@ -536,5 +562,48 @@ fn send_offsets_with_generation<C: rdkafka::producer::ProducerContext>(
             }
             Err(e) => return Err(e.facts),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INTERVAL: Duration = Duration::from_millis(100);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn nothing_open_is_never_due() {
+        let t = Instant::now();
+        assert!(!commit_due(None, Some(t), t + ms(500), INTERVAL));
+    }
+
+    #[test]
+    fn the_first_transaction_is_due_an_interval_after_it_opened() {
+        let t = Instant::now();
+        assert!(!commit_due(Some(t), None, t + ms(99), INTERVAL));
+        assert!(commit_due(Some(t), None, t + ms(100), INTERVAL));
+    }
+
+    #[test]
+    fn later_ones_are_due_an_interval_after_the_previous_commit_began() {
+        // The previous commit began at t and took 30 ms; this transaction opened as it ended.
+        let t = Instant::now();
+        let opened = t + ms(30);
+        assert!(!commit_due(Some(opened), Some(t), t + ms(99), INTERVAL));
+        assert!(
+            commit_due(Some(opened), Some(t), t + ms(100), INTERVAL),
+            "one commit per interval, not per interval plus the commit's time"
+        );
+    }
+
+    #[test]
+    fn after_an_idle_spell_the_first_tick_commits() {
+        let t = Instant::now();
+        let opened = t + ms(5_000);
+        assert!(commit_due(Some(opened), Some(t), opened, INTERVAL));
     }
 }
