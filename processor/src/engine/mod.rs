@@ -88,6 +88,7 @@ use transaction::Transaction;
 
 pub use delivery::{DeliveryTracker, Origin, await_deliveries};
 pub use membership::{GroupConsumer, GroupContext, bound_consumer_buffer};
+pub use transaction::commit_due;
 
 /// Timeout of each transactional call; retriable errors are retried until [`TXN_DEADLINE`].
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(10);

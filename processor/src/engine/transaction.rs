@@ -474,8 +474,9 @@ impl Transaction {
 /// no commit came before. Kafka Streams counts `commit.interval.ms` the same way. Counting from
 /// the transaction's opening instead would stretch the cadence to the interval plus the
 /// commit's own time, and a record passes through two transactions (route, then dedup), each of
-/// which it waits for.
-fn commit_due(
+/// which it waits for. Public for the benchmarks' reference systems, which commit at the same
+/// cadence.
+pub fn commit_due(
     opened: Option<Instant>,
     last_commit: Option<Instant>,
     now: Instant,

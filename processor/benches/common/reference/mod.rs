@@ -26,6 +26,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use testbed::kafka;
 
 use super::{COMMIT_INTERVAL, System, system_properties};
+use streamapp_processor::engine::commit_due;
 
 /// Which reference program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,7 +106,8 @@ pub fn stop_and_report(system: System) {
 /// The consume–produce loop both references share: `topics` read by one consumer of `group`
 /// (read_committed, offsets committed in the transactions), one transactional producer, a
 /// transaction begun at the first record after a commit and committed every
-/// [`COMMIT_INTERVAL`], the producer lingering `linger_ms`. `handle` sends what one record
+/// [`COMMIT_INTERVAL`] counted as the engine counts it ([`commit_due`]), the producer lingering
+/// `linger_ms`. `handle` sends what one record
 /// makes; `ready` is written once the consumer has partitions.
 fn run_transactions(
     group: &str,
@@ -154,6 +156,7 @@ fn run_transactions(
     let mut commits = CommitStats::default();
     let mut positions = Positions::new(topics);
     let mut txn_started: Option<Instant> = None;
+    let mut last_commit: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
         let polled = consumer.poll(Duration::from_millis(50));
         if !announced && consumer.assignment().is_ok_and(|a| a.count() > 0) {
@@ -173,7 +176,9 @@ fn run_transactions(
             None => {}
         }
         producer.poll(Duration::ZERO);
-        if txn_started.is_some_and(|t| t.elapsed() >= COMMIT_INTERVAL) {
+        let now = Instant::now();
+        if commit_due(txn_started, last_commit, now, COMMIT_INTERVAL) {
+            last_commit = Some(now);
             commits.time(|| commit(&consumer, &producer, &mut positions));
             txn_started = None;
         }
