@@ -107,8 +107,8 @@ pub fn stop_and_report(system: System) {
 /// (read_committed, offsets committed in the transactions), one transactional producer, a
 /// transaction begun at the first record after a commit and committed every
 /// [`COMMIT_INTERVAL`] counted as the engine counts it ([`commit_due`]), the producer lingering
-/// `linger_ms`. `handle` sends what one record
-/// makes; `ready` is written once the consumer has partitions.
+/// `linger_ms`. `handle` sends what one record makes; `ready` is written once the consumer has
+/// partitions.
 fn run_transactions(
     group: &str,
     topics: &[&str],
