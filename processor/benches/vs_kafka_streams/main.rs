@@ -65,6 +65,8 @@
 //!    everything sent more than 1 s earlier must be committed through every stage (no backlog)
 //!    — otherwise the warm-up is extended, at most 3 times, and then the run fails — and a
 //!    window of `BENCH_LATENCY_SECONDS` (default 20). Its output is checked exactly once too.
+//!    The phase begins with one such run of its first system that is not counted: it warms the
+//!    broker, on which a first run found no steady state when the broker had just started.
 //! 4. Recovery after kill -9, for each key count in `BENCH_RECOVERY_KEYS` (default
 //!    20000,1000000,5000000), `BENCH_RUNS` runs in alternating order: each system loads that
 //!    many distinct ids (the time it takes is reported too); live traffic (1,000 records/s of
@@ -127,6 +129,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod failover;
+mod latency;
 mod recovery;
 mod report;
 mod restore;
@@ -147,7 +150,7 @@ use report::{Better, Row, Table, format_keys};
 use restore::full_restore;
 use scaling::ScalingRun;
 use settings::Settings;
-use steady::{Latency, LatencyRun, Throughput};
+use steady::{Latency, Throughput};
 use systems::{App, Peer};
 use testbed::kafka;
 
@@ -324,73 +327,13 @@ fn bench(settings: &Settings, topics: &mut Topics<'_>) -> bool {
     };
 
     // ---- latency at the same fraction of each system's own maximum -------------------------
-    let mut steady_state = true;
-    let rates: Vec<(Peer, u64)> = Peer::LATENCY
-        .into_iter()
-        .map(|p| {
-            let own = best.rate(p) * settings.latency_percent as f64 / 100.0;
-            let rate = settings.latency_rate.unwrap_or(if own.is_finite() {
-                ((own / 100.0).round() as u64 * 100).max(100)
-            } else {
-                // A throughput too small to time (a tiny run): a small fixed load.
-                1_000
-            });
-            (p, rate)
-        })
-        .collect();
-    println!(
-        "latency at {}% of each system's own median throughput ({}), {:?} warm-up (no backlog required after it), {:?} window, each system on fresh topics",
-        settings.latency_percent,
-        rates
-            .iter()
-            .map(|(p, r)| format!("{} {r}/s", p.name()))
-            .collect::<Vec<_>>()
-            .join(", "),
-        settings.latency_warmup,
-        settings.latency_duration
-    );
-    for r in (0..settings.runs).filter(|_| settings.runs("latency")) {
-        println!("latency run {}/{}:", r + 1, settings.runs);
-        for peer in settings.order(Peer::LATENCY, r) {
-            let rate = rates.iter().find(|(p, _)| *p == peer).expect("a rate").1;
-            let id = format!("{run}-l{r}-{}", peer.name());
-            let input = format!("{id}-in");
-            topics.create(&[&input]);
-            let options = AppOptions {
-                linger_ms: best.linger(peer),
-                ..settings.options(settings.retention)
-            };
-            let app = App::create(topics, work.path(), peer, &id, &input, &options);
-            let mut system = app.start(settings);
-            system.wait_ready();
-            // Repeats within a quarter retention of wall-clock time.
-            let recent = rate * settings.retention.as_secs() / 4;
-            let (result, sent) = steady::measure_latency(
-                &mut system,
-                LatencyRun {
-                    output: &app.output,
-                    rate,
-                    warmup: settings.latency_warmup,
-                    window: settings.latency_duration,
-                    workload: Workload::new().keyed(settings.keying).recent(recent),
-                },
-            );
-            system.stop();
-            if !app.check(&format!("  {}", peer.name()), &sent).correct {
-                println!("AN OUTPUT WAS NOT EXACTLY ONCE: stopping here (work dir kept)");
-                return false;
-            }
-            match result {
-                Ok(fig) => measured.latency.push((peer, fig)),
-                Err(failure) => {
-                    println!("  LATENCY RUN FAILED: {failure}");
-                    steady_state = false;
-                }
-            }
-            app.remove(topics);
-            topics.delete(&[input]);
+    let steady_state = match latency::phase(topics, work.path(), settings, &best, &run) {
+        Some(phase) => {
+            measured.latency = phase.figures;
+            phase.steady_state
         }
-    }
+        None => return false,
+    };
 
     // ---- recovery after kill -9 --------------------------------------------------------------
     // What was wrong, each with its check and the system's warnings: repeated at the end.
