@@ -51,9 +51,9 @@ pub fn phase(
     let rate_of = |peer: Peer| rates.iter().find(|(p, _)| *p == peer).expect("a rate").1;
     // On a broker that had just started (the phase run on its own, after a restart), the first
     // system measured reached no steady state at all: its first 30 s committed about a third of
-    // what was sent, and it caught up only after the warm-up's last extension. So the phase
-    // begins with one run of the first system in order, run as the counted runs are but not
-    // counted, and every counted run finds a broker that has served this load already.
+    // what was sent, and it was still behind when the warm-up's last extension ended. So the
+    // phase begins with one run of the first system in order, run as the counted runs are but
+    // not counted, and every counted run finds a broker that has served this load already.
     if let Some(&peer) = settings.order(Peer::LATENCY, 0).first() {
         println!("broker warm-up: one run not counted");
         let id = format!("{run}-lwarm-{}", peer.name());
