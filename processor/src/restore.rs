@@ -35,10 +35,14 @@ use tracing::{error, info, warn};
 
 use crate::kafka_errors::reader_error_is_transient;
 use crate::open_transactions::HighWatermarks;
-use crate::store::{Sighting, Staged, StoreError, TaskStore};
+use crate::store::{BulkLoad, Sighting, Staged, StoreError, TaskStore};
 
 /// Records applied to RocksDB per batch while restoring.
 const APPLY_CHUNK: usize = 10_000;
+/// Records per run of a bulk load (a store empty when its restore began): each run becomes one
+/// SST file, so runs are larger than chunks (fewer files for compaction to merge), and kept
+/// from one step to the next until full. About 120 bytes of memory per record.
+const RUN_RECORDS: usize = 50_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
@@ -143,6 +147,9 @@ pub struct Restorer {
     /// The source topic of the last sighting read: nearly all name the input topic, which is
     /// then shared instead of allocated per record.
     last_topic: Option<Arc<str>>,
+    /// The partitions whose store was empty when their restore began: restored in runs
+    /// ingested as files (`store/ingest.rs`), each with the run it is filling.
+    bulk: BTreeMap<i32, (BulkLoad, Staged)>,
 }
 
 /// What one step did for one partition.
@@ -197,6 +204,7 @@ impl Restorer {
             skipped: BTreeMap::new(),
             kafka_warned_at: None,
             last_topic: None,
+            bulk: BTreeMap::new(),
         })
     }
 
@@ -248,6 +256,17 @@ impl Restorer {
     /// number is 0: the reader checks and starts it once Kafka answers.
     pub fn begin(&mut self, partition: i32, store: &TaskStore) -> Result<u64, RestoreError> {
         self.stop(partition);
+        // A standby's store follows the changelog record by record once caught up: it is
+        // restored the usual way throughout.
+        if !self.follow
+            && let Some(load) = store.bulk_load()?
+        {
+            info!(
+                partition,
+                "the store is empty: restoring it in sorted runs ingested as files"
+            );
+            self.bulk.insert(partition, (load, Staged::default()));
+        }
         match self.start_reading(partition, store) {
             Ok(to_restore) => {
                 self.partitions.insert(partition, Partition::default());
@@ -324,6 +343,7 @@ impl Restorer {
 
     /// Stops restoring `partition` (it is restored, or its task is gone or starts over).
     pub fn stop(&mut self, partition: i32) {
+        self.bulk.remove(&partition);
         if let Some(p) = self.partitions.remove(&partition)
             && p.recheck_at.is_none()
         {
@@ -335,6 +355,7 @@ impl Restorer {
     pub fn stop_all(&mut self) {
         let _ = self.reader.unassign();
         self.partitions.clear();
+        self.bulk.clear();
     }
 
     /// Reads up to `budget` records in all into the stores of the partitions being restored
@@ -347,7 +368,12 @@ impl Restorer {
         budget: usize,
     ) -> Result<Vec<(i32, PartitionStep)>, RestoreError> {
         let mut failed: BTreeMap<i32, RestoreError> = self.recheck_waiting(stores)?;
-        let mut staged: BTreeMap<i32, Staged> = BTreeMap::new();
+        // A bulk load's run goes on filling where the last step left it.
+        let mut staged: BTreeMap<i32, Staged> = self
+            .bulk
+            .iter_mut()
+            .map(|(&p, (_, run))| (p, std::mem::take(run)))
+            .collect();
         let mut applied: BTreeMap<i32, u64> = BTreeMap::new();
         let mut kafka_away: Option<KafkaError> = None;
         let mut at_end: BTreeSet<i32> = BTreeSet::new();
@@ -407,9 +433,15 @@ impl Restorer {
                         ChangelogRecord::Undecodable(what) => skips.push((p, m.offset(), what)),
                     }
                     chunk.changelog_offset = Some(m.offset() + 1);
-                    if chunk.changes() >= APPLY_CHUNK {
+                    let bulk = self.bulk.get_mut(&p).map(|(load, _)| load);
+                    let full = if bulk.is_some() {
+                        RUN_RECORDS
+                    } else {
+                        APPLY_CHUNK
+                    };
+                    if chunk.changes() >= full {
                         let n = chunk.changes() as u64;
-                        match store.apply(chunk) {
+                        match apply(store, chunk, bulk) {
                             Ok(()) => *applied.entry(p).or_default() += n,
                             Err(e) => {
                                 failed.insert(p, e.into());
@@ -458,12 +490,18 @@ impl Restorer {
                         (false, false) => Step::InProgress,
                     };
                     let applied_before = applied.get(&p).copied().unwrap_or(0);
-                    let outcome = if chunk.is_empty() {
-                        Ok(())
+                    if let Some((_, run)) = self.bulk.get_mut(&p) {
+                        // Kept until the run is full or the partition's end is reached.
+                        *run = chunk;
+                        Ok((applied_before, step))
                     } else {
-                        store.apply(&chunk).map_err(RestoreError::from)
-                    };
-                    outcome.map(|()| (applied_before + n, step))
+                        let outcome = if chunk.is_empty() {
+                            Ok(())
+                        } else {
+                            store.apply(&chunk).map_err(RestoreError::from)
+                        };
+                        outcome.map(|()| (applied_before + n, step))
+                    }
                 }
             };
             if matches!(result, Ok((_, Step::Done)) | Err(_)) {
@@ -535,7 +573,8 @@ impl Restorer {
             staged.changelog_offset = Some(p.max(staged.changelog_offset.unwrap_or(0)));
         }
         if !staged.is_empty() {
-            store.apply(&staged)?;
+            let bulk = self.bulk.get_mut(&partition).map(|(load, _)| load);
+            apply(store, &staged, bulk)?;
         }
         if self.follow {
             return Ok((applied, Step::Following));
@@ -604,6 +643,18 @@ impl Restorer {
                 Offset::Offset(o) => Some(o),
                 _ => None,
             }))
+    }
+}
+
+/// Applies a chunk of a restore, or a run of a bulk load.
+fn apply(
+    store: &mut TaskStore,
+    staged: &Staged,
+    bulk: Option<&mut BulkLoad>,
+) -> Result<(), StoreError> {
+    match bulk {
+        Some(load) => store.apply_run(staged, load),
+        None => store.apply(staged),
     }
 }
 

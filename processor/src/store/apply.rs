@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::thread::JoinHandle;
 
-use rocksdb::{DB, DBPinnableSlice, ReadOptions, WriteBatch, WriteOptions};
+use rocksdb::{DB, DBPinnableSlice, Options, ReadOptions, WriteBatch, WriteOptions};
 
 use super::sighting::{self, MAX_ENCODED, Sighting};
 use super::{
@@ -31,6 +31,8 @@ pub(super) struct Database {
     /// fsync the WAL with each batch (`rocksdb.walSyncOnCommit`).
     pub(super) sync_on_commit: bool,
     pub(super) wal_enabled: bool,
+    /// The options it was opened with: a restore's runs are written with its table options.
+    pub(super) options: Arc<Options>,
     /// The read options of every lookup, made once.
     pub(super) lookup: Arc<ReadOptions>,
     /// The cutoff of the last batch written: the compaction filter drops ids older than it.
@@ -42,7 +44,7 @@ const STACK_KEY: usize = 126;
 
 /// Calls `f` with the store key of `id`, built on the stack (ids up to [`STACK_KEY`] bytes):
 /// the key of every record's lookup and of every put.
-fn with_id_key<R>(id: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
+pub(super) fn with_id_key<R>(id: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
     let mut buf = [0u8; STACK_KEY + ID_PREFIX.len()];
     let len = ID_PREFIX.len() + id.len();
     if len > buf.len() {
@@ -240,21 +242,36 @@ impl Database {
             let len = sighting.encode(&mut value);
             with_id_key(id, |key| batch.put(key, &value[..len]));
         }
-        for (key, value) in [
-            (META_CHANGELOG_OFFSET, meta.changelog_offset),
-            (META_INPUT_OFFSET, meta.input_offset),
-            (META_STREAM_TIME, meta.stream_time),
-        ] {
-            if let Some(v) = value {
-                batch.put(key, v.to_be_bytes());
-            }
-        }
+        put_meta(&mut batch, &meta);
         self.write(batch)?;
         // Only now may compaction drop what this batch's cutoff leaves behind: a crash before
         // the write would reopen the store at the previous stream time, whose window still
         // holds those ids.
         self.raise_watermark(cutoff);
         Ok(meta)
+    }
+
+    /// Writes the offsets and clocks of a plan whose data is in the store already (a
+    /// restore's ingested run), in one batch; the metadata the store is at.
+    pub(super) fn write_meta(&self, meta: StoreMeta, cutoff: Option<i64>) -> Result<StoreMeta> {
+        let mut batch = WriteBatch::default();
+        put_meta(&mut batch, &meta);
+        self.write(batch)?;
+        self.raise_watermark(cutoff);
+        Ok(meta)
+    }
+}
+
+/// The offsets and clocks a batch moves the store to.
+pub(super) fn put_meta(batch: &mut WriteBatch, meta: &StoreMeta) {
+    for (key, value) in [
+        (META_CHANGELOG_OFFSET, meta.changelog_offset),
+        (META_INPUT_OFFSET, meta.input_offset),
+        (META_STREAM_TIME, meta.stream_time),
+    ] {
+        if let Some(v) = value {
+            batch.put(key, v.to_be_bytes());
+        }
     }
 }
 

@@ -28,6 +28,7 @@
 
 mod apply;
 mod fault;
+mod ingest;
 mod open_stores;
 mod options;
 mod sighting;
@@ -45,6 +46,7 @@ use streamapp_api::config::ResolvedRocksDb;
 
 use apply::{Applying, Database};
 pub use fault::{Fault, Result, StoreError, classify_io, classify_rocksdb};
+pub use ingest::BulkLoad;
 pub use open_stores::{Held, OpenStores};
 pub use options::{MemoryRole, SharedMemory, rocksdb_options};
 pub use sighting::{MAX_ENCODED, Sighting, Source};
@@ -267,6 +269,7 @@ impl TaskStore {
                 window,
                 sync_on_commit: tuning.wal_sync_on_commit,
                 wal_enabled: tuning.wal_enabled,
+                options: Arc::new(opts),
                 lookup: Arc::new(ReadOptions::default()),
                 watermark,
             },
