@@ -31,6 +31,8 @@ pub(super) struct Database {
     /// fsync the WAL with each batch (`rocksdb.walSyncOnCommit`).
     pub(super) sync_on_commit: bool,
     pub(super) wal_enabled: bool,
+    /// One memtable's size (`rocksdb.writeBufferBytes`): a restore's run takes its place.
+    pub(super) write_buffer_bytes: usize,
     /// The options it was opened with: a restore's runs are written with its table options.
     pub(super) options: Arc<Options>,
     /// The read options of every lookup, made once.

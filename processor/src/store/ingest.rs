@@ -32,11 +32,17 @@ use super::{ID_PREFIX, Result, Staged, StoreError, TaskStore};
 /// file a crash left behind is replaced by the next run's.
 const RUN_FILE: &str = "restore-run.sst";
 
+/// What a run holds in memory per record, about: its entry in the run's ordered map (the id
+/// and its sighting) and the id's own allocation.
+const RUN_BYTES_PER_RECORD: usize = 128;
+
 /// The bulk load of one empty store: which ids its runs have put so far.
 #[derive(Debug, Default)]
 pub struct BulkLoad {
     /// Hashes of the ids put by the runs ingested so far, sorted (duplicates allowed).
     put: Vec<u64>,
+    /// Records per run.
+    run_records: usize,
 }
 
 /// The same hash for the same id, for as long as the process runs (a load lives in one).
@@ -45,6 +51,12 @@ fn id_hash(id: &[u8]) -> u64 {
 }
 
 impl BulkLoad {
+    /// Records per run: a run takes the place of a memtable, in memory as on disk (one file
+    /// per run, as one per flush), so it is as large as one.
+    pub fn run_records(&self) -> usize {
+        self.run_records
+    }
+
     /// Which of `hashes` (sorted) an earlier run put, found in one pass over both; then adds
     /// them to the load's.
     fn meet(&mut self, hashes: &[u64]) -> Vec<u64> {
@@ -83,7 +95,11 @@ impl TaskStore {
         if self.applying.is_some() || self.meta.changelog_offset.is_some() {
             return Ok(None);
         }
-        Ok((!self.database.holds_ids()?).then(BulkLoad::default))
+        let run_records = (self.database.write_buffer_bytes / RUN_BYTES_PER_RECORD).max(1);
+        Ok((!self.database.holds_ids()?).then(|| BulkLoad {
+            put: Vec::new(),
+            run_records,
+        }))
     }
 
     /// Applies one run of a bulk load: what [`TaskStore::apply`] of `staged` would give, its

@@ -269,6 +269,7 @@ impl TaskStore {
                 window,
                 sync_on_commit: tuning.wal_sync_on_commit,
                 wal_enabled: tuning.wal_enabled,
+                write_buffer_bytes: tuning.write_buffer_bytes as usize,
                 options: Arc::new(opts),
                 lookup: Arc::new(ReadOptions::default()),
                 watermark,
