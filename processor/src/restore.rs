@@ -35,7 +35,7 @@ use tracing::{error, info, warn};
 
 use crate::kafka_errors::reader_error_is_transient;
 use crate::open_transactions::HighWatermarks;
-use crate::store::{BulkLoad, Sighting, Staged, StoreError, TaskStore};
+use crate::store::{BulkLoad, Run, Sighting, Staged, StoreError, TaskStore};
 
 /// Records applied to RocksDB per batch while restoring.
 const APPLY_CHUNK: usize = 10_000;
@@ -144,7 +144,7 @@ pub struct Restorer {
     last_topic: Option<Arc<str>>,
     /// The partitions whose store was empty when their restore began: restored in runs
     /// ingested as files (`store/ingest.rs`), each with the run it is filling.
-    bulk: BTreeMap<i32, (BulkLoad, Staged)>,
+    bulk: BTreeMap<i32, (BulkLoad, Run)>,
 }
 
 /// What one step did for one partition.
@@ -260,7 +260,7 @@ impl Restorer {
                 partition,
                 "the store is empty: restoring it in sorted runs ingested as files"
             );
-            self.bulk.insert(partition, (load, Staged::default()));
+            self.bulk.insert(partition, (load, Run::default()));
         }
         match self.start_reading(partition, store) {
             Ok(to_restore) => {
@@ -364,10 +364,9 @@ impl Restorer {
     ) -> Result<Vec<(i32, PartitionStep)>, RestoreError> {
         let mut failed: BTreeMap<i32, RestoreError> = self.recheck_waiting(stores)?;
         // A bulk load's run goes on filling where the last step left it.
-        let mut staged: BTreeMap<i32, Staged> = self
-            .bulk
-            .iter_mut()
-            .map(|(&p, (_, run))| (p, std::mem::take(run)))
+        let mut staged: BTreeMap<i32, Pending> = std::mem::take(&mut self.bulk)
+            .into_iter()
+            .map(|(p, (load, run))| (p, Pending::Run(load, run)))
             .collect();
         let mut applied: BTreeMap<i32, u64> = BTreeMap::new();
         let mut kafka_away: Option<KafkaError> = None;
@@ -422,7 +421,7 @@ impl Restorer {
                         continue;
                     }
                     read += 1;
-                    let chunk = staged.entry(p).or_default();
+                    let chunk = staged.entry(p).or_insert_with(Pending::chunk);
                     match ChangelogRecord::of(m.key(), m.payload(), self.last_topic.as_ref()) {
                         ChangelogRecord::Sighting { id, sighting } => {
                             if let Some(source) = &sighting.source {
@@ -433,21 +432,15 @@ impl Restorer {
                         ChangelogRecord::Tombstone { id } => chunk.forget(id),
                         ChangelogRecord::Undecodable(what) => skips.push((p, m.offset(), what)),
                     }
-                    chunk.changelog_offset = Some(m.offset() + 1);
-                    let bulk = self.bulk.get_mut(&p).map(|(load, _)| load);
-                    // A bulk load's run is kept from one step to the next until it is as
-                    // large as a memtable (`BulkLoad::run_records`).
-                    let full = bulk.as_ref().map_or(APPLY_CHUNK, |l| l.run_records());
-                    if chunk.changes() >= full {
-                        let n = chunk.changes() as u64;
-                        match apply(store, chunk, bulk) {
-                            Ok(()) => *applied.entry(p).or_default() += n,
+                    chunk.read_through(m.offset());
+                    if chunk.full() {
+                        match chunk.apply(store) {
+                            Ok(n) => *applied.entry(p).or_default() += n,
                             Err(e) => {
                                 failed.insert(p, e.into());
                                 since_look = LOOK_EVERY;
                             }
                         }
-                        chunk.clear();
                     }
                 }
                 Some(Err(KafkaError::PartitionEOF(p))) => {
@@ -474,14 +467,13 @@ impl Restorer {
             if !self.partitions.contains_key(&p) {
                 continue;
             }
-            let chunk = staged.remove(&p).unwrap_or_default();
+            let mut chunk = staged.remove(&p).unwrap_or_else(Pending::chunk);
             let result = match failed.remove(&p) {
                 Some(e) => Err(e),
                 None if at_end.contains(&p) => self
-                    .finish_at_end(p, store, chunk)
+                    .finish_at_end(p, store, &mut chunk)
                     .map(|(n, step)| (applied.get(&p).copied().unwrap_or(0) + n, step)),
                 None => {
-                    let n = chunk.changes() as u64;
                     let state = &self.partitions[&p];
                     let step = match (state.recheck_at.is_some(), state.unchecked) {
                         (_, true) => Step::WaitingForKafka,
@@ -489,24 +481,31 @@ impl Restorer {
                         (false, false) => Step::InProgress,
                     };
                     let applied_before = applied.get(&p).copied().unwrap_or(0);
-                    if let Some((_, run)) = self.bulk.get_mut(&p) {
+                    match chunk {
                         // Kept until the run is full or the partition's end is reached.
-                        *run = chunk;
-                        Ok((applied_before, step))
-                    } else {
-                        let outcome = if chunk.is_empty() {
-                            Ok(())
-                        } else {
-                            store.apply(&chunk).map_err(RestoreError::from)
-                        };
-                        outcome.map(|()| (applied_before + n, step))
+                        Pending::Run(..) => Ok((applied_before, step)),
+                        Pending::Chunk(_) if chunk.is_empty() => Ok((applied_before, step)),
+                        Pending::Chunk(_) => chunk
+                            .apply(store)
+                            .map(|n| (applied_before + n, step))
+                            .map_err(RestoreError::from),
                     }
                 }
             };
             if matches!(result, Ok((_, Step::Done)) | Err(_)) {
                 self.stop(p);
+            } else if let Pending::Run(load, run) = chunk {
+                self.bulk.insert(p, (load, run));
             }
             results.push((p, result));
+        }
+        // Runs of partitions the caller did not hand over this time go on next time.
+        for (p, pending) in staged {
+            if let Pending::Run(load, run) = pending
+                && self.partitions.contains_key(&p)
+            {
+                self.bulk.insert(p, (load, run));
+            }
         }
         Ok(results)
     }
@@ -563,18 +562,19 @@ impl Restorer {
         &mut self,
         partition: i32,
         store: &mut TaskStore,
-        mut staged: Staged,
+        staged: &mut Pending,
     ) -> Result<(u64, Step), RestoreError> {
         // The reader's position is past the last record and any transaction markers.
         let position = self.position(partition)?;
-        let applied = staged.changes() as u64;
         if let Some(p) = position {
-            staged.changelog_offset = Some(p.max(staged.changelog_offset.unwrap_or(0)));
+            let offset = staged.changelog_offset();
+            *offset = Some(p.max(offset.unwrap_or(0)));
         }
-        if !staged.is_empty() {
-            let bulk = self.bulk.get_mut(&partition).map(|(load, _)| load);
-            apply(store, &staged, bulk)?;
-        }
+        let applied = if staged.is_empty() {
+            0
+        } else {
+            staged.apply(store)?
+        };
         if self.follow {
             return Ok((applied, Step::Following));
         }
@@ -645,15 +645,79 @@ impl Restorer {
     }
 }
 
-/// Applies a chunk of a restore, or a run of a bulk load.
-fn apply(
-    store: &mut TaskStore,
-    staged: &Staged,
-    bulk: Option<&mut BulkLoad>,
-) -> Result<(), StoreError> {
-    match bulk {
-        Some(load) => store.apply_run(staged, load),
-        None => store.apply(staged),
+/// What a partition's restore has read and not written yet.
+enum Pending {
+    /// Applied through RocksDB's write path every [`APPLY_CHUNK`] records and at the end of
+    /// each step.
+    Chunk(Staged),
+    /// A bulk load's run: written once it is as large as a memtable
+    /// ([`BulkLoad::run_records`]) or the partition's end is reached, and kept from one step
+    /// to the next meanwhile.
+    Run(BulkLoad, Run),
+}
+
+impl Pending {
+    fn chunk() -> Self {
+        Pending::Chunk(Staged::default())
+    }
+
+    fn put_sighting(&mut self, id: &[u8], sighting: Sighting) {
+        match self {
+            Pending::Chunk(chunk) => chunk.put_sighting(id, sighting),
+            Pending::Run(_, run) => run.put_sighting(id, sighting),
+        }
+    }
+
+    fn forget(&mut self, id: &[u8]) {
+        match self {
+            Pending::Chunk(chunk) => chunk.forget(id),
+            Pending::Run(_, run) => run.forget(id),
+        }
+    }
+
+    fn changelog_offset(&mut self) -> &mut Option<i64> {
+        match self {
+            Pending::Chunk(chunk) => &mut chunk.changelog_offset,
+            Pending::Run(_, run) => &mut run.changelog_offset,
+        }
+    }
+
+    /// The record at `offset` is read (and staged, unless it was skipped).
+    fn read_through(&mut self, offset: i64) {
+        *self.changelog_offset() = Some(offset + 1);
+    }
+
+    fn full(&self) -> bool {
+        match self {
+            Pending::Chunk(chunk) => chunk.changes() >= APPLY_CHUNK,
+            Pending::Run(load, run) => run.records() >= load.run_records(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Pending::Chunk(chunk) => chunk.is_empty(),
+            Pending::Run(_, run) => run.is_empty(),
+        }
+    }
+
+    /// Writes what is pending into `store` and starts over (also when that fails: the
+    /// partition's restore then fails). How many changes were written.
+    fn apply(&mut self, store: &mut TaskStore) -> Result<u64, StoreError> {
+        match self {
+            Pending::Chunk(chunk) => {
+                let n = chunk.changes() as u64;
+                let applied = store.apply(chunk);
+                chunk.clear();
+                applied.map(|()| n)
+            }
+            Pending::Run(load, run) => {
+                let n = run.records() as u64;
+                let applied = store.apply_run(run, load);
+                run.clear();
+                applied.map(|()| n)
+            }
+        }
     }
 }
 

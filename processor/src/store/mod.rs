@@ -46,7 +46,7 @@ use streamapp_api::config::ResolvedRocksDb;
 
 use apply::{Applying, Database};
 pub use fault::{Fault, Result, StoreError, classify_io, classify_rocksdb};
-pub use ingest::BulkLoad;
+pub use ingest::{BulkLoad, Run};
 pub use open_stores::{Held, OpenStores};
 pub use options::{MemoryRole, SharedMemory, rocksdb_options};
 pub use sighting::{MAX_ENCODED, Sighting, Source};
@@ -152,7 +152,7 @@ impl Staged {
         self.observe_time(sighting.time);
         // One search: nearly every put is of an id the batch does not hold yet.
         match self.puts.entry(id.to_vec()) {
-            Entry::Occupied(held) if held.get().time >= sighting.time => {}
+            Entry::Occupied(held) if !sighting.supersedes(held.get()) => {}
             Entry::Occupied(mut held) => *held.get_mut() = sighting,
             Entry::Vacant(slot) => {
                 slot.insert(sighting);

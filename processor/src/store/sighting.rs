@@ -37,6 +37,12 @@ pub struct Sighting {
 }
 
 impl Sighting {
+    /// Whether this sighting replaces `held` as the one kept for their id: the later time
+    /// wins, and of two at the same time the first (whatever batches they came in).
+    pub fn supersedes(&self, held: &Sighting) -> bool {
+        self.time > held.time
+    }
+
     /// A sighting whose source is not known (a format 1 store, an older changelog record).
     pub fn at(time: i64) -> Self {
         Sighting { time, source: None }

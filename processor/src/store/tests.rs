@@ -621,6 +621,18 @@ fn stage(records: &[(String, Option<i64>)], offset: i64) -> Staged {
     staged
 }
 
+fn stage_run(records: &[(String, Option<i64>)], offset: i64) -> Run {
+    let mut run = Run::default();
+    for (id, time) in records {
+        match time {
+            Some(t) => run.put_sighting(id.as_bytes(), Sighting::at(*t)),
+            None => run.forget(id.as_bytes()),
+        }
+    }
+    run.changelog_offset = Some(offset);
+    run
+}
+
 /// The store `apply` makes of the records, in chunks of `chunk`.
 fn applied(
     records: &[(String, Option<i64>)],
@@ -647,7 +659,7 @@ fn a_bulk_load_gives_the_store_apply_gives_however_the_runs_are_cut() {
             .expect("an empty store loads in bulk");
         for (i, part) in records.chunks(chunk).enumerate() {
             store
-                .apply_run(&stage(part, ((i + 1) * chunk) as i64), &mut load)
+                .apply_run(&stage_run(part, ((i + 1) * chunk) as i64), &mut load)
                 .unwrap();
         }
         assert_eq!(raw_ids(&store), expected, "runs of {chunk}");
@@ -683,7 +695,7 @@ fn a_crash_between_a_runs_ingest_and_its_offsets_is_repaired_by_the_replay() {
         for (i, part) in runs.iter().enumerate().take(crashed + 1) {
             before = store.meta().clone();
             store
-                .apply_run(&stage(part, ((i + 1) * chunk) as i64), &mut load)
+                .apply_run(&stage_run(part, ((i + 1) * chunk) as i64), &mut load)
                 .unwrap();
         }
         // The crash: the offsets and clocks of the run before.
