@@ -584,6 +584,12 @@ async fn a_restore_forgets_tombstoned_ids_and_skips_and_counts_records_it_cannot
         Some(2.0)
     );
     assert!(!q.log_text().contains("engine failed"), "{}", q.log_tail());
+    assert!(
+        q.log_text()
+            .contains("the store is empty: restoring it in sorted runs ingested as files"),
+        "a new pod's store is restored in runs ingested as files (store/ingest.rs): {}",
+        q.log_tail()
+    );
 
     // m-0 and m-2 are remembered (m-2's unreadable record changed nothing); m-1 is forgotten.
     app.produce(&ids("m", 0..3, now + 1000));
