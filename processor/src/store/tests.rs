@@ -565,10 +565,13 @@ fn a_record_time_far_in_the_future_moves_stream_time_only_to_the_clock_plus_the_
     );
 }
 
+/// A stored id's key and value, as written.
+type RawId = (Box<[u8]>, Box<[u8]>);
+
 /// Every id the store answers for, with its value as written: what two ways of writing the
 /// same records must agree on. (Expired ids are left out: compaction drops them whenever it
 /// runs, and ingested files are compacted sooner than a memtable is flushed.)
-fn raw_ids(store: &TaskStore) -> Vec<(Box<[u8]>, Box<[u8]>)> {
+fn raw_ids(store: &TaskStore) -> Vec<RawId> {
     let cutoff = WINDOW.cutoff(store.meta().stream_time).unwrap_or(i64::MIN);
     store
         .database
@@ -634,10 +637,7 @@ fn stage_run(records: &[(String, Option<i64>)], offset: i64) -> Run {
 }
 
 /// The store `apply` makes of the records, in chunks of `chunk`.
-fn applied(
-    records: &[(String, Option<i64>)],
-    chunk: usize,
-) -> (Vec<(Box<[u8]>, Box<[u8]>)>, StoreMeta) {
+fn applied(records: &[(String, Option<i64>)], chunk: usize) -> (Vec<RawId>, StoreMeta) {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(dir.path());
     for (i, part) in records.chunks(chunk).enumerate() {
