@@ -368,6 +368,8 @@ impl Restorer {
             .into_iter()
             .map(|(p, (load, run))| (p, Pending::Run(load, run)))
             .collect();
+        // The bulk loads going on share their memtable budget (`BulkLoad::run_records`).
+        let loads = staged.len();
         let mut applied: BTreeMap<i32, u64> = BTreeMap::new();
         let mut kafka_away: Option<KafkaError> = None;
         let mut at_end: BTreeSet<i32> = BTreeSet::new();
@@ -433,7 +435,7 @@ impl Restorer {
                         ChangelogRecord::Undecodable(what) => skips.push((p, m.offset(), what)),
                     }
                     chunk.read_through(m.offset());
-                    if chunk.full() {
+                    if chunk.full(loads) {
                         match chunk.apply(store) {
                             Ok(n) => *applied.entry(p).or_default() += n,
                             Err(e) => {
@@ -650,9 +652,9 @@ enum Pending {
     /// Applied through RocksDB's write path every [`APPLY_CHUNK`] records and at the end of
     /// each step.
     Chunk(Staged),
-    /// A bulk load's run: written once it is as large as a memtable
-    /// ([`BulkLoad::run_records`]) or the partition's end is reached, and kept from one step
-    /// to the next meanwhile.
+    /// A bulk load's run: written once it is as large as a memtable (or its share of the
+    /// memtable budget, [`BulkLoad::run_records`]) or the partition's end is reached, and kept
+    /// from one step to the next meanwhile.
     Run(BulkLoad, Run),
 }
 
@@ -687,10 +689,11 @@ impl Pending {
         *self.changelog_offset() = Some(offset + 1);
     }
 
-    fn full(&self) -> bool {
+    /// Whether to write it now; `loads`: the bulk loads going on.
+    fn full(&self, loads: usize) -> bool {
         match self {
             Pending::Chunk(chunk) => chunk.changes() >= APPLY_CHUNK,
-            Pending::Run(load, run) => run.records() >= load.run_records(),
+            Pending::Run(load, run) => run.records() >= load.run_records(loads),
         }
     }
 

@@ -31,8 +31,10 @@ pub(super) struct Database {
     /// fsync the WAL with each batch (`rocksdb.walSyncOnCommit`).
     pub(super) sync_on_commit: bool,
     pub(super) wal_enabled: bool,
-    /// One memtable's size (`rocksdb.writeBufferBytes`): a restore's run takes its place.
+    /// One memtable's size (`rocksdb.writeBufferBytes`), and the memtable budget of the
+    /// store's role: a restore's runs take the memtables' place (`ingest.rs`).
     pub(super) write_buffer_bytes: usize,
+    pub(super) memtable_budget_bytes: usize,
     /// The options it was opened with: a restore's runs are written with its table options.
     pub(super) options: Arc<Options>,
     /// The read options of every lookup, made once.

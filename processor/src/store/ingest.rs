@@ -5,7 +5,8 @@
 //!
 //! A run gives the store exactly what [`TaskStore::apply`] of the same records would, only
 //! written another way:
-//! - within a run, [`Staged`] already keeps each id's latest time and orders forgets and puts;
+//! - within a run, each id's records are taken together as [`Staged`] takes them (the later
+//!   time wins, a forget drops the puts before it and makes the next put win outright);
 //! - across runs, an id put by an earlier run keeps the later of the two times. Ingested files
 //!   shadow older ones whatever their values, so a put is compared with what the store holds,
 //!   as `apply` compares every put, but only when an earlier run put the same id: the load
@@ -18,6 +19,10 @@
 //! in one batch. A crash between the two leaves the data of the run in the store and the offset
 //! before it: the next start finds the store not empty, replays the run through `apply`, and
 //! that changes nothing (an id keeps the later time, a forget forgets again).
+//!
+//! Memory: a run takes the place of a memtable, so it is as large as one, and the runs of the
+//! stores restoring at once share their role's memtable budget as their memtables would
+//! ([`BulkLoad::run_records`]).
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::path::Path;
@@ -29,20 +34,27 @@ use super::sighting::{MAX_ENCODED, Sighting};
 use super::{ID_PREFIX, Result, Staged, StoreError, TaskStore};
 
 /// Where a run is written before it is ingested. One run at a time per store, so one name; a
-/// file a crash left behind is replaced by the next run's.
+/// file a crash left behind is removed when the store is opened again.
 const RUN_FILE: &str = "restore-run.sst";
+
+/// Removes a run's file that a crash left in the store's directory (RocksDB never looks at it).
+pub(super) fn remove_unfinished_run(store: &Path) {
+    let _ = std::fs::remove_file(store.join(RUN_FILE));
+}
 
 /// What a run holds in memory per record, about: the record and its id as read (48 bytes and
 /// the id's), and while it is written, its place in the sort and its entry in the sorted ids.
 const RUN_BYTES_PER_RECORD: usize = 128;
 
 /// The bulk load of one empty store: which ids its runs have put so far.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct BulkLoad {
     /// Hashes of the ids put by the runs ingested so far, sorted (duplicates allowed).
     put: Vec<u64>,
-    /// Records per run.
-    run_records: usize,
+    /// One memtable's size (`rocksdb.writeBufferBytes`).
+    memtable_bytes: usize,
+    /// The memtable budget of the store's role, shared by every store of that role.
+    budget_bytes: usize,
 }
 
 /// The same hash for the same id, for as long as the process runs (a load lives in one).
@@ -51,10 +63,13 @@ fn id_hash(id: &[u8]) -> u64 {
 }
 
 impl BulkLoad {
-    /// Records per run: a run takes the place of a memtable, in memory as on disk (one file
-    /// per run, as one per flush), so it is as large as one.
-    pub fn run_records(&self) -> usize {
-        self.run_records
+    /// Records per run while `loads` stores are bulk loaded at once: a run takes the place of
+    /// a memtable, in memory as on disk (one file per run, as one per flush), so it is as
+    /// large as one, and the runs together stay within the memtable budget their stores'
+    /// memtables would have had.
+    pub fn run_records(&self, loads: usize) -> usize {
+        let bytes = self.memtable_bytes.min(self.budget_bytes / loads.max(1));
+        (bytes / RUN_BYTES_PER_RECORD).max(1)
     }
 
     /// Which of `hashes` (sorted) an earlier run put, found in one pass over both; then adds
@@ -180,10 +195,18 @@ impl TaskStore {
         if self.applying.is_some() || self.meta.changelog_offset.is_some() {
             return Ok(None);
         }
-        let run_records = (self.database.write_buffer_bytes / RUN_BYTES_PER_RECORD).max(1);
+        let memtable_bytes = self.database.write_buffer_bytes;
+        let budget_bytes = self.database.memtable_budget_bytes;
         Ok((!self.database.holds_ids()?).then(|| BulkLoad {
             put: Vec::new(),
-            run_records,
+            memtable_bytes,
+            // A role without a budget of its own (none is kept for standbys when there are
+            // none): one memtable.
+            budget_bytes: if budget_bytes == 0 {
+                memtable_bytes
+            } else {
+                budget_bytes
+            },
         }))
     }
 
@@ -300,12 +323,31 @@ mod tests {
 
     #[test]
     fn a_run_meets_the_ids_of_earlier_runs_and_joins_them() {
-        let mut load = BulkLoad::default();
+        let mut load = BulkLoad {
+            put: Vec::new(),
+            memtable_bytes: 1 << 20,
+            budget_bytes: 1 << 22,
+        };
         assert_eq!(load.meet(&[3, 5, 9]), Vec::<u64>::new());
         assert_eq!(load.meet(&[1, 5, 9, 12]), vec![5, 9]);
         assert_eq!(load.put, vec![1, 3, 5, 5, 9, 9, 12]);
         assert_eq!(load.meet(&[0, 12, 13]), vec![12]);
         assert_eq!(load.meet(&[]), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn runs_are_as_large_as_a_memtable_and_share_the_budget_when_many_load_at_once() {
+        let load = BulkLoad {
+            put: Vec::new(),
+            memtable_bytes: 16 << 20,
+            budget_bytes: 128 << 20,
+        };
+        let records = |bytes: usize| bytes / RUN_BYTES_PER_RECORD;
+        assert_eq!(load.run_records(1), records(16 << 20));
+        assert_eq!(load.run_records(0), records(16 << 20));
+        assert_eq!(load.run_records(8), records(16 << 20));
+        assert_eq!(load.run_records(32), records(4 << 20));
+        assert_eq!(load.run_records(usize::MAX), 1);
     }
 
     /// A run keeps for each id what a staged batch of the same records keeps.

@@ -262,6 +262,7 @@ impl TaskStore {
         // Files no write overlaps for long are rewritten anyway, so their expired ids go too.
         opts.set_periodic_compaction_seconds(window.retention.as_secs().clamp(3_600, 30 * 86_400));
         let db = DB::open(&opts, path).map_err(|e| StoreError::from_rocksdb(path, e))?;
+        ingest::remove_unfinished_run(path);
         let mut store = TaskStore {
             database: Database {
                 db: Arc::new(db),
@@ -270,6 +271,7 @@ impl TaskStore {
                 sync_on_commit: tuning.wal_sync_on_commit,
                 wal_enabled: tuning.wal_enabled,
                 write_buffer_bytes: tuning.write_buffer_bytes as usize,
+                memtable_budget_bytes: memory.memtable_budget(role) as usize,
                 options: Arc::new(opts),
                 lookup: Arc::new(ReadOptions::default()),
                 watermark,

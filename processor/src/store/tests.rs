@@ -719,3 +719,17 @@ fn a_crash_between_a_runs_ingest_and_its_offsets_is_repaired_by_the_replay() {
         assert_eq!(store.meta(), &expected_meta, "crashed in run {crashed}");
     }
 }
+
+#[test]
+fn a_runs_file_a_crash_left_behind_is_removed_when_the_store_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path()));
+    let left = dir.path().join("restore-run.sst");
+    std::fs::write(&left, b"half a run").unwrap();
+    let store = open(dir.path());
+    assert!(!left.exists());
+    assert!(
+        store.bulk_load().unwrap().is_some(),
+        "the store is still empty"
+    );
+}
