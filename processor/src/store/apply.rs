@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 
 use rocksdb::{DB, DBPinnableSlice, Options, ReadOptions, WriteBatch, WriteOptions};
 
+use super::options::SharedMemory;
 use super::sighting::{self, MAX_ENCODED, Sighting};
 use super::{
     Existing, ID_PREFIX, META_CHANGELOG_OFFSET, META_INPUT_OFFSET, META_STREAM_TIME, Result,
@@ -31,10 +32,10 @@ pub(super) struct Database {
     /// fsync the WAL with each batch (`rocksdb.walSyncOnCommit`).
     pub(super) sync_on_commit: bool,
     pub(super) wal_enabled: bool,
-    /// One memtable's size (`rocksdb.writeBufferBytes`), and the memtable budget of the
-    /// store's role: a restore's runs take the memtables' place (`ingest.rs`).
+    /// One memtable's size (`rocksdb.writeBufferBytes`), and the memory every store shares: a
+    /// restore's runs take the memtables' place, within their budget (`ingest.rs`).
     pub(super) write_buffer_bytes: usize,
-    pub(super) memtable_budget_bytes: usize,
+    pub(super) memory: SharedMemory,
     /// The options it was opened with: a restore's runs are written with its table options.
     pub(super) options: Arc<Options>,
     /// The read options of every lookup, made once.

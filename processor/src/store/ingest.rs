@@ -20,9 +20,11 @@
 //! before it: the next start finds the store not empty, replays the run through `apply`, and
 //! that changes nothing (an id keeps the later time, a forget forgets again).
 //!
-//! Memory: a run takes the place of a memtable, so it is as large as one, and the runs of the
-//! stores restoring at once share their role's memtable budget as their memtables would
-//! ([`BulkLoad::run_records`]).
+//! Memory: a run takes the place of a memtable, so it is as large as one, and it is held out
+//! of the role's memtable budget for as long as the load lasts ([`SharedMemory::reserve`](super::SharedMemory::reserve)):
+//! memtables and runs together stay within the budget the operator sizes the pod by. When the
+//! budget has no memtable's worth left (other loads hold it), the store is restored the usual
+//! way.
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::path::Path;
@@ -30,6 +32,7 @@ use std::path::Path;
 use rocksdb::{IngestExternalFileOptions, SstFileWriter};
 
 use super::apply::{Plan, with_id_key};
+use super::options::Reservation;
 use super::sighting::{MAX_ENCODED, Sighting};
 use super::{ID_PREFIX, Result, Staged, StoreError, TaskStore};
 
@@ -46,15 +49,17 @@ pub(super) fn remove_unfinished_run(store: &Path) {
 /// the id's), and while it is written, its place in the sort and its entry in the sorted ids.
 const RUN_BYTES_PER_RECORD: usize = 128;
 
+/// The least part of the memtable budget worth a bulk load: smaller runs would make many
+/// small files for compaction to merge.
+const MIN_RUN_BYTES: u64 = 1 << 20;
+
 /// The bulk load of one empty store: which ids its runs have put so far.
 #[derive(Debug)]
 pub struct BulkLoad {
     /// Hashes of the ids put by the runs ingested so far, sorted (duplicates allowed).
     put: Vec<u64>,
-    /// One memtable's size (`rocksdb.writeBufferBytes`).
-    memtable_bytes: usize,
-    /// The memtable budget of the store's role, shared by every store of that role.
-    budget_bytes: usize,
+    /// The part of the memtable budget its runs hold, for as long as it lasts.
+    memory: Reservation,
 }
 
 /// The same hash for the same id, for as long as the process runs (a load lives in one).
@@ -63,13 +68,11 @@ fn id_hash(id: &[u8]) -> u64 {
 }
 
 impl BulkLoad {
-    /// Records per run while `loads` stores are bulk loaded at once: a run takes the place of
-    /// a memtable, in memory as on disk (one file per run, as one per flush), so it is as
-    /// large as one, and the runs together stay within the memtable budget their stores'
-    /// memtables would have had.
-    pub fn run_records(&self, loads: usize) -> usize {
-        let bytes = self.memtable_bytes.min(self.budget_bytes / loads.max(1));
-        (bytes / RUN_BYTES_PER_RECORD).max(1)
+    /// Records per run: a run takes the place of a memtable, in memory as on disk (one file
+    /// per run, as one per flush), and is as large as the part of the budget the load holds
+    /// (one memtable's, unless less was left).
+    pub fn run_records(&self) -> usize {
+        (self.memory.bytes() as usize / RUN_BYTES_PER_RECORD).max(1)
     }
 
     /// Which of `hashes` (sorted) an earlier run put, found in one pass over both; then adds
@@ -189,24 +192,22 @@ impl Run {
 }
 
 impl TaskStore {
-    /// A bulk load, if the store holds nothing yet: no id, no changelog offset. Otherwise
+    /// A bulk load, if the store holds nothing yet (no id, no changelog offset) and its
+    /// role's memtable budget has room for its runs (one memtable's worth, at least
+    /// [`MIN_RUN_BYTES`], always leaving one memtable's worth to the memtables). Otherwise
     /// its restore applies through [`TaskStore::apply`].
     pub fn bulk_load(&self) -> Result<Option<BulkLoad>> {
-        if self.applying.is_some() || self.meta.changelog_offset.is_some() {
+        if self.applying.is_some()
+            || self.meta.changelog_offset.is_some()
+            || self.database.holds_ids()?
+        {
             return Ok(None);
         }
-        let memtable_bytes = self.database.write_buffer_bytes;
-        let budget_bytes = self.database.memtable_budget_bytes;
-        Ok((!self.database.holds_ids()?).then(|| BulkLoad {
+        let memtable = self.database.write_buffer_bytes as u64;
+        let memory = self.database.memory.reserve(self.role, memtable, memtable);
+        Ok((memory.bytes() >= MIN_RUN_BYTES).then(|| BulkLoad {
             put: Vec::new(),
-            memtable_bytes,
-            // A role without a budget of its own (none is kept for standbys when there are
-            // none): one memtable.
-            budget_bytes: if budget_bytes == 0 {
-                memtable_bytes
-            } else {
-                budget_bytes
-            },
+            memory,
         }))
     }
 
@@ -320,34 +321,23 @@ impl super::Database {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{MemoryRole, SharedMemory};
 
     #[test]
     fn a_run_meets_the_ids_of_earlier_runs_and_joins_them() {
+        let tuning = streamapp_api::config::ResolvedRocksDb::profile(
+            streamapp_api::config::RocksDbProfile::LowMemory,
+        );
+        let memory = SharedMemory::new(&tuning, false).reserve(MemoryRole::Active, 1 << 20, 0);
         let mut load = BulkLoad {
             put: Vec::new(),
-            memtable_bytes: 1 << 20,
-            budget_bytes: 1 << 22,
+            memory,
         };
         assert_eq!(load.meet(&[3, 5, 9]), Vec::<u64>::new());
         assert_eq!(load.meet(&[1, 5, 9, 12]), vec![5, 9]);
         assert_eq!(load.put, vec![1, 3, 5, 5, 9, 9, 12]);
         assert_eq!(load.meet(&[0, 12, 13]), vec![12]);
         assert_eq!(load.meet(&[]), Vec::<u64>::new());
-    }
-
-    #[test]
-    fn runs_are_as_large_as_a_memtable_and_share_the_budget_when_many_load_at_once() {
-        let load = BulkLoad {
-            put: Vec::new(),
-            memtable_bytes: 16 << 20,
-            budget_bytes: 128 << 20,
-        };
-        let records = |bytes: usize| bytes / RUN_BYTES_PER_RECORD;
-        assert_eq!(load.run_records(1), records(16 << 20));
-        assert_eq!(load.run_records(0), records(16 << 20));
-        assert_eq!(load.run_records(8), records(16 << 20));
-        assert_eq!(load.run_records(32), records(4 << 20));
-        assert_eq!(load.run_records(usize::MAX), 1);
     }
 
     /// A run keeps for each id what a staged batch of the same records keeps.

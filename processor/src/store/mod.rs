@@ -271,7 +271,7 @@ impl TaskStore {
                 sync_on_commit: tuning.wal_sync_on_commit,
                 wal_enabled: tuning.wal_enabled,
                 write_buffer_bytes: tuning.write_buffer_bytes as usize,
-                memtable_budget_bytes: memory.memtable_budget(role) as usize,
+                memory: memory.clone(),
                 options: Arc::new(opts),
                 lookup: Arc::new(ReadOptions::default()),
                 watermark,

@@ -3,6 +3,7 @@
 //! stores).
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use rocksdb::{
     BlockBasedIndexType, BlockBasedOptions, Cache, DBCompactionStyle, DBCompressionType,
@@ -31,6 +32,36 @@ pub struct SharedMemory {
     standby_write_buffers: WriteBufferManager,
     /// The budgets as configured: (active, standby); standby 0 without standbys.
     budgets: (u64, u64),
+    /// Bytes of each budget held outside the memtables ([`SharedMemory::reserve`]):
+    /// (active, standby).
+    reserved: Arc<Mutex<(u64, u64)>>,
+}
+
+/// Part of a role's memtable budget held for memory outside the memtables (a restore's runs,
+/// `ingest.rs`): while it is held, the role's write-buffer manager is that much smaller, so
+/// memtables and what holds it stay within the budget together. Given back when dropped.
+pub struct Reservation {
+    memory: SharedMemory,
+    role: MemoryRole,
+    bytes: u64,
+}
+
+impl Reservation {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.memory.resize(self.role, |held| held - self.bytes);
+    }
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Reservation({:?}, {} bytes)", self.role, self.bytes)
+    }
 }
 
 impl SharedMemory {
@@ -46,6 +77,40 @@ impl SharedMemory {
             // "unlimited" to RocksDB, so it gets the smallest memtable's worth instead.
             standby_write_buffers: budget(standby.max(tuning.write_buffer_bytes)),
             budgets: (active, standby),
+            reserved: Arc::new(Mutex::new((0, 0))),
+        }
+    }
+
+    /// Takes up to `wanted` bytes of `role`'s memtable budget for memory outside the
+    /// memtables, always leaving `keep` to the memtables; the reservation may hold less than
+    /// wanted, or nothing.
+    pub fn reserve(&self, role: MemoryRole, wanted: u64, keep: u64) -> Reservation {
+        let budget = self.memtable_budget(role);
+        let mut bytes = 0;
+        self.resize(role, |held| {
+            bytes = wanted.min(budget.saturating_sub(keep).saturating_sub(held));
+            held + bytes
+        });
+        Reservation {
+            memory: self.clone(),
+            role,
+            bytes,
+        }
+    }
+
+    /// Changes what `role`'s reservations hold, and its write-buffer manager's size with it.
+    fn resize(&self, role: MemoryRole, held: impl FnOnce(u64) -> u64) {
+        let mut reserved = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = match role {
+            MemoryRole::Active => &mut reserved.0,
+            MemoryRole::Standby => &mut reserved.1,
+        };
+        *slot = held(*slot);
+        let budget = self.memtable_budget(role);
+        if budget > 0 {
+            // Never 0, which RocksDB takes for no limit at all.
+            let size = budget.saturating_sub(*slot).max(1);
+            self.write_buffers(role).set_buffer_size(size as usize);
         }
     }
 
@@ -138,4 +203,37 @@ pub fn rocksdb_options(
     opts.set_max_total_wal_size(tuning.wal_max_total_bytes);
     opts.set_keep_log_file_num(3);
     opts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use streamapp_api::config::RocksDbProfile;
+
+    #[test]
+    fn a_reservation_shrinks_the_memtables_budget_while_it_is_held() {
+        let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
+        let memory = SharedMemory::new(&tuning, true);
+        let (active, standby) = tuning.memtable_budgets(true);
+        let size = |role| memory.write_buffers(role).get_buffer_size() as u64;
+        let first = memory.reserve(MemoryRole::Active, 5 << 20, 0);
+        assert_eq!(first.bytes(), 5 << 20);
+        assert_eq!(size(MemoryRole::Active), active - (5 << 20));
+        assert_eq!(
+            size(MemoryRole::Standby),
+            standby,
+            "the other role's is its own"
+        );
+        let rest = memory.reserve(MemoryRole::Active, u64::MAX, 1 << 20);
+        assert_eq!(
+            rest.bytes(),
+            active - (5 << 20) - (1 << 20),
+            "all but what is kept"
+        );
+        assert_eq!(memory.reserve(MemoryRole::Active, 1, 1 << 20).bytes(), 0);
+        drop(first);
+        assert_eq!(size(MemoryRole::Active), (5 << 20) + (1 << 20));
+        drop(rest);
+        assert_eq!(size(MemoryRole::Active), active);
+    }
 }

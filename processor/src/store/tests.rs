@@ -733,3 +733,42 @@ fn a_runs_file_a_crash_left_behind_is_removed_when_the_store_opens() {
         "the store is still empty"
     );
 }
+
+/// The runs of bulk loads are held out of the memtable budget: with the low-memory profile
+/// (4 MiB memtables, a 32 MiB budget, one memtable's worth always left to the memtables)
+/// seven empty stores load in bulk at once, the eighth is restored the usual way, and a load
+/// that ends gives its part back.
+#[test]
+fn bulk_loads_hold_their_runs_within_the_memtable_budget() {
+    let tuning = ResolvedRocksDb::profile(RocksDbProfile::LowMemory);
+    let memory = SharedMemory::new(&tuning, false);
+    let dirs: Vec<_> = (0..8).map(|_| tempfile::tempdir().unwrap()).collect();
+    let stores: Vec<TaskStore> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, dir)| {
+            TaskStore::open(
+                dir.path(),
+                None,
+                &tuning,
+                &memory,
+                MemoryRole::Active,
+                WINDOW,
+                &changelog(i as i32),
+            )
+            .unwrap()
+        })
+        .collect();
+    let mut loads: Vec<BulkLoad> = stores[..7]
+        .iter()
+        .map(|s| s.bulk_load().unwrap().expect("room in the budget"))
+        .collect();
+    let memtable = tuning.write_buffer_bytes as usize;
+    assert!(loads.iter().all(|l| l.run_records() == memtable / 128));
+    assert!(
+        stores[7].bulk_load().unwrap().is_none(),
+        "the budget is held"
+    );
+    loads.pop();
+    assert!(stores[7].bulk_load().unwrap().is_some(), "given back");
+}

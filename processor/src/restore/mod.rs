@@ -35,10 +35,11 @@ use tracing::{error, info, warn};
 
 use crate::kafka_errors::reader_error_is_transient;
 use crate::open_transactions::HighWatermarks;
-use crate::store::{BulkLoad, Run, Sighting, Staged, StoreError, TaskStore};
+use crate::store::{BulkLoad, Run, Sighting, StoreError, TaskStore};
 
-/// Records applied to RocksDB per batch while restoring.
-const APPLY_CHUNK: usize = 10_000;
+mod pending;
+use pending::Pending;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
     #[error("reading changelog {topic} partition {partition}: {source}")]
@@ -368,8 +369,7 @@ impl Restorer {
             .into_iter()
             .map(|(p, (load, run))| (p, Pending::Run(load, run)))
             .collect();
-        // The bulk loads going on share their memtable budget (`BulkLoad::run_records`).
-        let loads = staged.len();
+
         let mut applied: BTreeMap<i32, u64> = BTreeMap::new();
         let mut kafka_away: Option<KafkaError> = None;
         let mut at_end: BTreeSet<i32> = BTreeSet::new();
@@ -435,7 +435,7 @@ impl Restorer {
                         ChangelogRecord::Undecodable(what) => skips.push((p, m.offset(), what)),
                     }
                     chunk.read_through(m.offset());
-                    if chunk.full(loads) {
+                    if chunk.full() {
                         match chunk.apply(store) {
                             Ok(n) => *applied.entry(p).or_default() += n,
                             Err(e) => {
@@ -644,83 +644,6 @@ impl Restorer {
                 Offset::Offset(o) => Some(o),
                 _ => None,
             }))
-    }
-}
-
-/// What a partition's restore has read and not written yet.
-enum Pending {
-    /// Applied through RocksDB's write path every [`APPLY_CHUNK`] records and at the end of
-    /// each step.
-    Chunk(Staged),
-    /// A bulk load's run: written once it is as large as a memtable (or its share of the
-    /// memtable budget, [`BulkLoad::run_records`]) or the partition's end is reached, and kept
-    /// from one step to the next meanwhile.
-    Run(BulkLoad, Run),
-}
-
-impl Pending {
-    fn chunk() -> Self {
-        Pending::Chunk(Staged::default())
-    }
-
-    fn put_sighting(&mut self, id: &[u8], sighting: Sighting) {
-        match self {
-            Pending::Chunk(chunk) => chunk.put_sighting(id, sighting),
-            Pending::Run(_, run) => run.put_sighting(id, sighting),
-        }
-    }
-
-    fn forget(&mut self, id: &[u8]) {
-        match self {
-            Pending::Chunk(chunk) => chunk.forget(id),
-            Pending::Run(_, run) => run.forget(id),
-        }
-    }
-
-    fn changelog_offset(&mut self) -> &mut Option<i64> {
-        match self {
-            Pending::Chunk(chunk) => &mut chunk.changelog_offset,
-            Pending::Run(_, run) => &mut run.changelog_offset,
-        }
-    }
-
-    /// The record at `offset` is read (and staged, unless it was skipped).
-    fn read_through(&mut self, offset: i64) {
-        *self.changelog_offset() = Some(offset + 1);
-    }
-
-    /// Whether to write it now; `loads`: the bulk loads going on.
-    fn full(&self, loads: usize) -> bool {
-        match self {
-            Pending::Chunk(chunk) => chunk.changes() >= APPLY_CHUNK,
-            Pending::Run(load, run) => run.records() >= load.run_records(loads),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        match self {
-            Pending::Chunk(chunk) => chunk.is_empty(),
-            Pending::Run(_, run) => run.is_empty(),
-        }
-    }
-
-    /// Writes what is pending into `store` and starts over (also when that fails: the
-    /// partition's restore then fails). How many changes were written.
-    fn apply(&mut self, store: &mut TaskStore) -> Result<u64, StoreError> {
-        match self {
-            Pending::Chunk(chunk) => {
-                let n = chunk.changes() as u64;
-                let applied = store.apply(chunk);
-                chunk.clear();
-                applied.map(|()| n)
-            }
-            Pending::Run(load, run) => {
-                let n = run.records() as u64;
-                let applied = store.apply_run(run, load);
-                run.clear();
-                applied.map(|()| n)
-            }
-        }
     }
 }
 
