@@ -13,6 +13,12 @@
 //! after it may yet become visible, so that partition waits for it to end — without holding
 //! the other partitions back.
 //!
+//! A store that holds nothing when its restore begins (a lost disk, a pod on a new node) is
+//! **loaded in bulk** when its memtable budget has room: its records are gathered into runs as
+//! large as a memtable, kept from one step to the next, and each full run (and the last one, at
+//! the partition's end) is written as a sorted file and ingested (`store/ingest.rs`), past the
+//! memtable, the WAL and the flush ([`Pending`] holds either kind of partition's records).
+//!
 //! A **follower** ([`Restorer::follower`]) reads the same way for standby stores, but never
 //! finishes: at the visible end it applies what it read with the reader's position (both in one
 //! batch, so the store's offset never vouches for more than it holds) and goes on reading what
