@@ -17,7 +17,7 @@
 //! **loaded in bulk** when its memtable budget has room: its records are gathered into runs as
 //! large as a memtable, kept from one step to the next, and each full run (and the last one, at
 //! the partition's end) is written as a sorted file and ingested (`store/ingest.rs`), past the
-//! memtable, the WAL and the flush ([`Pending`] holds either kind of partition's records).
+//! memtable, the WAL and the flush (`pending.rs` holds either kind of partition's records).
 //!
 //! A **follower** ([`Restorer::follower`]) reads the same way for standby stores, but never
 //! finishes: at the visible end it applies what it read with the reader's position (both in one
