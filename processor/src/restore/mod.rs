@@ -286,7 +286,11 @@ impl Restorer {
                 );
                 Ok(0)
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                // Not restoring: the load's part of the memtable budget goes back now.
+                self.bulk.remove(&partition);
+                Err(e)
+            }
         }
     }
 
