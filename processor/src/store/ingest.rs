@@ -152,8 +152,12 @@ impl Run {
         self.records.is_empty() && self.changelog_offset.is_none()
     }
 
+    /// Empties the run for the next one, keeping its buffers.
     pub fn clear(&mut self) {
-        *self = Run::default();
+        self.ids.clear();
+        self.records.clear();
+        self.changelog_offset = None;
+        self.stream_time = None;
     }
 
     fn id(&self, record: usize) -> &[u8] {
@@ -225,17 +229,18 @@ impl TaskStore {
                 .plan(&self.meta, &clocks, crate::shared::now_ms());
         let expired = |s: &Sighting| cutoff.is_some_and(|c| s.time < c);
         let changes = run.changes();
-        let mut hashes: Vec<u64> = changes
+        // Each put's id hashed once: merged against the earlier runs', then looked up in `met`.
+        let put_hashes: Vec<Option<u64>> = changes
             .iter()
-            .filter(|(_, c)| c.put.is_some_and(|s| !expired(s)))
-            .map(|(id, _)| id_hash(id))
+            .map(|(id, c)| c.put.is_some_and(|s| !expired(s)).then(|| id_hash(id)))
             .collect();
+        let mut hashes: Vec<u64> = put_hashes.iter().flatten().copied().collect();
         hashes.sort_unstable();
         let met = load.meet(&hashes);
         let file = self.database.path.join(RUN_FILE);
         let mut writer: Option<SstFileWriter> = None;
         let mut value = [0u8; MAX_ENCODED];
-        for (id, change) in changes {
+        for ((id, change), hash) in changes.into_iter().zip(put_hashes) {
             let entry = match change {
                 // Forgotten, then put again: the put wins, whatever the store held.
                 Change {
@@ -248,7 +253,7 @@ impl TaskStore {
                 Change { put: None, .. } => continue, // not reached: a record puts or forgets
                 Change { put: Some(s), .. } if expired(s) => continue, // outside the window on arrival
                 Change { put: Some(s), .. } => {
-                    let earlier = met.binary_search(&id_hash(id)).is_ok()
+                    let earlier = hash.is_some_and(|h| met.binary_search(&h).is_ok())
                         && self.database.first_seen(id)?.is_some_and(|t| t > s.time);
                     if earlier {
                         continue; // an earlier run put a later time: it stays
