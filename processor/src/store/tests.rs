@@ -764,7 +764,11 @@ fn bulk_loads_hold_their_runs_within_the_memtable_budget() {
         .map(|s| s.bulk_load().unwrap().expect("room in the budget"))
         .collect();
     let memtable = tuning.write_buffer_bytes as usize;
-    assert!(loads.iter().all(|l| l.run_records() == memtable / 128));
+    assert!(
+        loads
+            .iter()
+            .all(|l| l.run_records() == memtable / ingest::RUN_BYTES_PER_RECORD)
+    );
     assert!(
         stores[7].bulk_load().unwrap().is_none(),
         "the budget is held"
