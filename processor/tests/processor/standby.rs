@@ -569,12 +569,21 @@ async fn a_lost_pods_open_transaction_is_ended_by_the_next_leader_not_left_to_it
                 "transaction.timeout.ms": "300000",
                 "session.timeout.ms": "6000",
             }),
-            extra: serde_json::json!({ "group": { "standbyReplicas": 1 } }),
+            extra: serde_json::json!({
+                "group": { "standbyReplicas": 1, "probingRebalanceInterval": "5s" }
+            }),
             ..Default::default()
         },
     )
     .await;
     let [mut a, mut b] = two_pods_with(&app, 20_000);
+    // pod-a must hold active tasks to be frozen inside a transaction. Whether the first
+    // assignment gives it any depends on how far pod-b's stores had got when pod-a joined
+    // (caught-up stores keep their tasks; pod-a then warms up first): the probing rebalance
+    // moves its share once its copies are caught up.
+    a.wait_health("pod-a active for some tasks", MINUTE, |h| {
+        !in_state(h, TaskState::Active).is_empty()
+    });
     let a_transactional_id = format!("{}-pod-a", app.id);
 
     // Records keep coming while pod-a is frozen in the middle of a transaction (stopped, and
