@@ -271,6 +271,12 @@ fn standbys_of_several_partitions_follow_at_once_and_survive_a_reopen() {
 
 const MINUTE: Duration = Duration::from_secs(60);
 
+/// The group settings of an app with one standby copy of each task, whose warm-ups move
+/// within the test's time (a probing rebalance every 5 s).
+pub(crate) fn one_standby_group() -> serde_json::Value {
+    serde_json::json!({ "standbyReplicas": 1, "probingRebalanceInterval": "5s" })
+}
+
 /// An app whose processors keep one standby copy of each task and run StreamApp's own,
 /// state-aware group membership.
 async fn app_with_standbys(prefix: &str, partitions: i32) -> App {
@@ -278,9 +284,7 @@ async fn app_with_standbys(prefix: &str, partitions: i32) -> App {
         prefix,
         AppOptions {
             partitions,
-            extra: serde_json::json!({
-                "group": { "standbyReplicas": 1, "probingRebalanceInterval": "5s" },
-            }),
+            extra: serde_json::json!({ "group": one_standby_group() }),
             ..Default::default()
         },
     )
@@ -569,9 +573,7 @@ async fn a_lost_pods_open_transaction_is_ended_by_the_next_leader_not_left_to_it
                 "transaction.timeout.ms": "300000",
                 "session.timeout.ms": "6000",
             }),
-            extra: serde_json::json!({
-                "group": { "standbyReplicas": 1, "probingRebalanceInterval": "5s" }
-            }),
+            extra: serde_json::json!({ "group": one_standby_group() }),
             ..Default::default()
         },
     )

@@ -13,7 +13,7 @@ use common::*;
 use streamapp_api::health::{ProcessorPhase, StoreOpen, TaskState};
 use testbed::kafka;
 
-use crate::standby::{in_state, standbys_caught_up, took_over_without_a_replay};
+use crate::standby::{in_state, one_standby_group, standbys_caught_up, took_over_without_a_replay};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -186,7 +186,7 @@ async fn two_thread_pods_with_standbys_keep_the_copies_on_the_other_pod_and_fail
             partitions: 4,
             extra: serde_json::json!({
                 "processingThreads": 2,
-                "group": { "standbyReplicas": 1, "probingRebalanceInterval": "5s" },
+                "group": one_standby_group(),
             }),
             ..AppOptions::default()
         },
