@@ -12,9 +12,10 @@
 # then, alone, the processor's tests that kill, stop, restart or freeze the broker (the
 # `environment` and `soak` modules), which would fail whatever else was using it.
 #
-# Each line of the lanes is prefixed with its lane's name. Everything runs to the end; the exit
-# code is non-zero when anything failed, and the failed parts are named. The tests run inside
-# the test bed's network namespace, where Kafka and the API server are.
+# Each line of the lanes (and of the tests run alone) is prefixed with its lane's name.
+# Everything runs to the end; the exit code is non-zero when anything failed, and the failed
+# parts are named with their tests' panics. The tests run inside the test bed's network
+# namespace, where Kafka and the API server are.
 source "$(dirname "$0")/lib.sh"
 
 cd "$REPO_DIR"
@@ -48,11 +49,24 @@ for module in "${broker_away_modules[@]}"; do
   skip_broker_away+=(--skip "$module::")
 done
 
+# Everything each lane prints is also kept, a file per lane, so that the end of the run can say
+# why each failed test failed: a panic's message sits above its backtrace, far from the summary.
+outputs="$STREAMAPP_RUN/reports/test-output"
+rm -rf "$outputs"
+mkdir -p "$outputs"
+
 lane() {
   local name=$1
   shift
-  # The lane's status is the command's, not sed's.
-  ("$@" 2>&1 | sed -u "s/^/[$name] /"; exit "${PIPESTATUS[0]}")
+  # The lane's status is the command's, not sed's or tee's.
+  ("$@" 2>&1 | sed -u "s/^/[$name] /" | tee "$outputs/$name.txt"; exit "${PIPESTATUS[0]}")
+}
+
+# Each panic in the kept output: its first line and its message (up to 12 lines more).
+panics() {
+  awk '/panicked at/ { n = 13 }
+       n > 0 && /stack backtrace:|note: run with `RUST_BACKTRACE/ { n = 0 }
+       n > 0 { print; n-- }' "$outputs"/*.txt
 }
 
 processor() {
@@ -88,8 +102,8 @@ filters=()
 for module in "${broker_away_modules[@]}"; do
   filters+=("$module::")
 done
-"$DEV_DIR/net.sh" exec "${cargo_test[@]}" --test processor -- "${filters[@]}" ||
-  failed+=("the processor's tests that take the broker away (${broker_away_modules[*]})")
+lane alone "$DEV_DIR/net.sh" exec "${cargo_test[@]}" --test processor -- "${filters[@]}" ||
+  failed+=("the processor's tests that take the broker away (${broker_away_modules[*]}, [alone] lines)")
 
 # Figures the tests measured but do not assert (e2e/src/lib.rs, `report`).
 report="$STREAMAPP_RUN/reports/e2e.txt"
@@ -98,5 +112,9 @@ if [[ -s $report ]]; then
   cat "$report"
 fi
 
-((${#failed[@]} == 0)) || die "failed: $(IFS=';'; echo "${failed[*]}")"
+if ((${#failed[@]} > 0)); then
+  log "the panics of the failed tests (each lane's whole output: $outputs):"
+  panics
+  die "failed: $(IFS=';'; echo "${failed[*]}")"
+fi
 log "every test passed"
