@@ -152,8 +152,8 @@ pub struct StreamAppSpec {
     /// only the changelog tail they have not applied yet instead of the whole changelog. A
     /// copy holds only committed records. With 1 or more the processors share the partitions
     /// through StreamApp's state-aware assignor (a partition stays where its store is caught
-    /// up; a move to a pod without the state warms a copy up there first). Needs a plaintext
-    /// Kafka connection for now.
+    /// up; a move to a pod that would restore more than 10,000 changelog records
+    /// warms a copy up there first).
     #[serde(default, skip_serializing_if = "no_standbys")]
     #[schemars(range(min = 0, max = 10))]
     pub standby_replicas: i32,

@@ -7,8 +7,9 @@
 //! 1. A balanced placement is worked out first (each member gets its share of the tasks, give
 //!    or take one), preferring for each task the member it was active on, then members that
 //!    hold its state, the most caught-up first.
-//! 2. A task goes active where that placement puts it only if the member is caught up (its
-//!    store within `acceptable_lag` records of the changelog end) or no member is. Otherwise it
+//! 2. A task goes active where that placement puts it only if the member is caught up (within
+//!    `acceptable_lag` records of the changelog end: its store's lag, or the whole changelog
+//!    when it holds none, as KIP-441 counts it) or no member is. Otherwise it
 //!    stays active on the most caught-up member that is, and the placement's member gets a
 //!    **warm-up** (a standby that is a move in progress); the leader then asks for a probing
 //!    rebalance, and once the warm-up is within the acceptable lag the task moves.
@@ -80,11 +81,22 @@ pub struct Assignment {
 
 /// Records the member's store of `task` is behind the changelog end; `None` if it holds none.
 fn lag(member: &Member, task: i32, facts: &Facts) -> Option<u64> {
-    let end = facts.changelog_ends.get(&task).copied().unwrap_or(0);
     member
         .stores
         .get(&task)
-        .map(|&offset| end.saturating_sub(offset).max(0) as u64)
+        .map(|&offset| changelog_end(task, facts).saturating_sub(offset).max(0) as u64)
+}
+
+/// Records the member would restore before it could process `task`: its store's lag, or the
+/// whole changelog when it holds no store (as Kafka Streams counts it, KIP-441). A member
+/// without a store of a task whose changelog is within the acceptable lag is caught up: a new
+/// deployment's pods share the tasks at once, whichever joined first.
+fn restore_lag(member: &Member, task: i32, facts: &Facts) -> u64 {
+    lag(member, task, facts).unwrap_or_else(|| changelog_end(task, facts).max(0) as u64)
+}
+
+fn changelog_end(task: i32, facts: &Facts) -> i64 {
+    facts.changelog_ends.get(&task).copied().unwrap_or(0)
 }
 
 /// The pod a member runs in.
@@ -129,8 +141,7 @@ pub fn assign(members: &[Member], facts: &Facts) -> Assignment {
         return out;
     }
     let tasks: Vec<i32> = facts.changelog_ends.keys().copied().collect();
-    let caught_up =
-        |m: &Member, t: i32| lag(m, t, facts).is_some_and(|l| l <= facts.acceptable_lag);
+    let caught_up = |m: &Member, t: i32| restore_lag(m, t, facts) <= facts.acceptable_lag;
 
     // 1. The balanced placement: every member gets `floor` tasks, `extra` of them one more.
     let floor = tasks.len() / members.len();
@@ -171,7 +182,7 @@ pub fn assign(members: &[Member], facts: &Facts) -> Assignment {
             .min_by_key(|&i| {
                 (
                     !members[i].active.contains(&t),
-                    lag(members[i], t, facts),
+                    restore_lag(members[i], t, facts),
                     i,
                 )
             });
@@ -372,6 +383,26 @@ mod tests {
         every_task_once(&second, 4);
         assert_eq!(active(&second, "c"), [moved]);
         assert!(!second.probing_rebalance, "{second:?}");
+    }
+
+    #[test]
+    fn a_member_without_state_is_caught_up_on_a_changelog_within_the_acceptable_lag() {
+        // A new deployment: a joined first and restored every (short) changelog; b holds
+        // nothing yet but would restore no more than the acceptable lag.
+        let members = [
+            member("a", &[0, 1, 2, 3], &[(0, 40), (1, 40), (2, 40), (3, 40)]),
+            member("b", &[], &[]),
+        ];
+        let a = assign(&members, &facts(4, 40, 0));
+        every_task_once(&a, 4);
+        assert_eq!(active(&a, "b").len(), 2, "b's share at once: {a:?}");
+        assert!(a.members["b"].warm_up.is_empty());
+        assert!(!a.probing_rebalance);
+        // One record more than the acceptable lag: b's share warms up first.
+        let a = assign(&members, &facts(4, 101, 0));
+        assert!(active(&a, "b").is_empty(), "{a:?}");
+        assert_eq!(a.members["b"].warm_up.len(), 2);
+        assert!(a.probing_rebalance);
     }
 
     #[test]
