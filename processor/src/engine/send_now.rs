@@ -1,6 +1,6 @@
 //! Sending what a producer holds back for `linger.ms`, now: the engine's one librdkafka call
-//! that rust-rdkafka does not offer in a usable form, and (with `group/txn_offsets.rs`) the
-//! only `unsafe` code in the workspace.
+//! that rust-rdkafka does not offer in a usable form, and one of the three modules with `unsafe`
+//! code (with `group/txn_offsets.rs` and `restore/record_batches.rs`; Cargo.toml's lint comment).
 //!
 //! A partial batch waits for `linger.ms` before librdkafka sends it, unless the application
 //! is inside `rd_kafka_flush`: for as long as that call runs, a flag tells the broker threads to

@@ -1,5 +1,6 @@
 //! The consumer offsets of a transaction, fenced by the group generation (KIP-447): one of the
-//! two places in the workspace with `unsafe` code (the other is `engine/send_now.rs`).
+//! three places in the workspace with `unsafe` code (the others are `engine/send_now.rs` and
+//! `restore/record_batches.rs`).
 //!
 //! A transaction commits its input offsets with the group's metadata; since KIP-447 the
 //! coordinator refuses them unless the member id and generation are the group's current ones,

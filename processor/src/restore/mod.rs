@@ -6,7 +6,8 @@
 //!
 //! The changelog is read with read_committed, so aborted writes never reach the store. One
 //! reader restores every partition that needs it at once (each added to its assignment as its
-//! store is ready, removed once caught up), in steps of a bounded number of records so the
+//! store is ready, removed once caught up; its records taken from librdkafka a batch at a time,
+//! `record_batches.rs`), in steps of a bounded number of records so the
 //! processing thread keeps serving the group consumer and committing the active tasks
 //! meanwhile. A partition is finished only when the visible end of it is its real end: while
 //! another producer (a previous owner of the task) still has a transaction open on it, records
@@ -26,7 +27,7 @@
 //! not something to wait for: read_committed stops before it and hands its records over only
 //! once it commits, and never those of an aborted one.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,10 +42,14 @@ use tracing::{error, info, warn};
 
 use crate::kafka_errors::reader_error_is_transient;
 use crate::open_transactions::HighWatermarks;
-use crate::store::{BulkLoad, Run, Sighting, StoreError, TaskStore};
+use crate::store::{BulkLoad, Run, StoreError, TaskStore};
 
+mod changelog_record;
 mod pending;
+mod record_batches;
+pub use changelog_record::ChangelogRecord;
 use pending::Pending;
+use record_batches::{Batch, Fetched, RecordQueue};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
@@ -113,8 +118,9 @@ impl ConsumerContext for ReaderContext {}
 const WAIT_RECHECK: Duration = Duration::from_millis(200);
 /// How long one step reads at most (the state updater serves requests between steps).
 const STEP_TIME: Duration = Duration::from_millis(100);
-/// Records read between two looks at the step's time and at whether a partition still reads.
-const LOOK_EVERY: usize = 64;
+/// Records taken from librdkafka at once (`record_batches.rs`); the step's time and whether a
+/// partition still reads are looked at between batches.
+const READ_BATCH: usize = 1024;
 /// How often a partition is tried again while Kafka does not answer.
 const KAFKA_RECHECK: Duration = Duration::from_secs(1);
 /// At most one warning this often about Kafka being away.
@@ -138,6 +144,9 @@ pub struct Restorer {
     topic: String,
     /// Standby stores: never finished, see the module's doc.
     follow: bool,
+    /// Where the restored partitions' fetched records go (`record_batches.rs`). Before the
+    /// reader: dropped first.
+    records: RecordQueue,
     /// read_committed, partition EOF events on.
     reader: BaseConsumer<ReaderContext>,
     ends: HighWatermarks,
@@ -197,10 +206,12 @@ impl Restorer {
         // queue drained in a fraction of one. A full restore of 1M ids ran at about 120,000
         // records/s, its thread waiting in three of four samples (docs/performance.md).
         crate::engine::bound_consumer_buffer(&mut reader_cfg);
+        let reader: BaseConsumer<ReaderContext> = reader_cfg.create_with_context(ReaderContext)?;
         Ok(Restorer {
             topic: topic.to_string(),
             follow,
-            reader: reader_cfg.create_with_context(ReaderContext)?,
+            records: RecordQueue::new(&reader),
+            reader,
             ends: HighWatermarks::new(base, topic)?,
             partitions: BTreeMap::new(),
             skipped: BTreeMap::new(),
@@ -334,6 +345,9 @@ impl Restorer {
             from.map_or(Offset::Beginning, Offset::Offset),
         )
         .map_err(self.kafka_err(partition))?;
+        self.records
+            .take_partition(&self.reader, &self.topic, partition)
+            .map_err(self.kafka_err(partition))?;
         self.reader
             .incremental_assign(&tpl)
             .map_err(self.kafka_err(partition))
@@ -373,101 +387,124 @@ impl Restorer {
         stores: &mut BTreeMap<i32, &mut TaskStore>,
         budget: usize,
     ) -> Result<Vec<(i32, PartitionStep)>, RestoreError> {
-        let mut failed: BTreeMap<i32, RestoreError> = self.recheck_waiting(stores)?;
+        let failed: BTreeMap<i32, RestoreError> = self.recheck_waiting(stores)?;
+        // librdkafka drops a partition's forward when its fetch stops, at a time of its own:
+        // a partition removed and added again (a recheck, a task that starts over) may have
+        // lost the forward `read_from` set just before. Set again, it brings what the partition
+        // fetched meanwhile along.
+        for (&p, state) in &self.partitions {
+            if state.recheck_at.is_none() {
+                self.records
+                    .take_partition(&self.reader, &self.topic, p)
+                    .map_err(self.kafka_err(p))?;
+            }
+        }
         // A bulk load's run goes on filling where the last step left it.
-        let mut staged: BTreeMap<i32, Pending> = std::mem::take(&mut self.bulk)
+        let staged: BTreeMap<i32, Pending> = std::mem::take(&mut self.bulk)
             .into_iter()
             .map(|(p, (load, run))| (p, Pending::Run(load, run)))
             .collect();
 
-        let mut applied: BTreeMap<i32, u64> = BTreeMap::new();
-        let mut kafka_away: Option<KafkaError> = None;
-        let mut at_end: BTreeSet<i32> = BTreeSet::new();
-        let mut read = 0usize;
-        // Undecodable records (partition, offset, what): counted once the reader is done.
-        let mut skips: Vec<(i32, i64, &'static str)> = Vec::new();
-        let deadline = Instant::now() + STEP_TIME;
-        let reading = |p: &i32, at_end: &BTreeSet<i32>, failed: &BTreeMap<i32, RestoreError>| {
-            !at_end.contains(p)
-                && !failed.contains_key(p)
-                && self
-                    .partitions
-                    .get(p)
-                    .is_some_and(|s| s.recheck_at.is_none())
+        let mut progress = StepProgress {
+            staged,
+            failed,
+            ..StepProgress::default()
         };
-        // Whether to go on is looked at every LOOK_EVERY records (the clock costs more than
-        // the record), and at once after anything but a record.
-        let mut since_look = LOOK_EVERY;
-        let mut after_record = false;
-        while read < budget {
-            if since_look >= LOOK_EVERY {
-                if Instant::now() >= deadline
-                    || !stores.keys().any(|p| reading(p, &at_end, &failed))
-                {
-                    break;
-                }
-                since_look = 0;
+        let mut kafka_away: Option<KafkaError> = None;
+        let mut batch = Batch::with_capacity(READ_BATCH);
+        let deadline = Instant::now() + STEP_TIME;
+        let mut had_records = false;
+        loop {
+            let reading = stores.keys().any(|p| {
+                !progress.at_end.contains_key(p)
+                    && !progress.failed.contains_key(p)
+                    && self
+                        .partitions
+                        .get(p)
+                        .is_some_and(|s| s.recheck_at.is_none())
+            });
+            if progress.read >= budget || !reading || Instant::now() >= deadline {
+                break;
             }
-            since_look += 1;
             // A follower takes what its reader has fetched and does not wait for more: the
             // state updater waits between its steps, serving requests meanwhile. Right after a
-            // record the next one is most likely fetched already: asked for without a wait,
-            // librdkafka reads no clock for a deadline (a clock read per record was 6% of a
-            // full restore).
-            let wait = if self.follow || after_record {
+            // batch the next one is most likely fetched already.
+            let wait = if self.follow || had_records {
                 Duration::ZERO
             } else {
                 Duration::from_millis(50)
             };
-            let polled = self.reader.poll(wait);
-            after_record = matches!(polled, Some(Ok(_)));
-            match polled {
-                None if self.follow => break,
-                None => since_look = LOOK_EVERY,
-                Some(Ok(m)) => {
-                    let p = m.partition();
-                    let Some(store) = stores.get_mut(&p) else {
-                        continue; // stopped meanwhile; the reader drops it
-                    };
-                    if failed.contains_key(&p) {
-                        continue;
+            let taken = self.records.read(wait, &mut batch, budget - progress.read);
+            had_records = taken > 0;
+            // A batch is taken whole: the reader's position is already past all of it.
+            let mut errors = Vec::new();
+            for fetched in batch.iter() {
+                match fetched {
+                    Fetched::Record {
+                        partition,
+                        offset,
+                        key,
+                        payload,
+                    } => progress.take(
+                        stores,
+                        &mut self.last_topic,
+                        partition,
+                        offset,
+                        key,
+                        payload,
+                    ),
+                    Fetched::End {
+                        partition,
+                        position,
+                    } => {
+                        progress.at_end.insert(partition, Some(position));
                     }
-                    read += 1;
-                    let chunk = staged.entry(p).or_insert_with(Pending::chunk);
-                    match ChangelogRecord::of(m.key(), m.payload(), self.last_topic.as_ref()) {
-                        ChangelogRecord::Sighting { id, sighting } => {
-                            if let Some(source) = &sighting.source {
-                                self.last_topic = Some(source.topic.clone());
-                            }
-                            chunk.put_sighting(id, sighting)
-                        }
-                        ChangelogRecord::Tombstone { id } => chunk.forget(id),
-                        ChangelogRecord::Undecodable(what) => skips.push((p, m.offset(), what)),
+                    Fetched::Error(e) => errors.push(e),
+                }
+            }
+            if taken == 0 {
+                // The reader's own queue: errors about Kafka as a whole (no broker answers).
+                // A record there was fetched before its partition's records were taken
+                // (`read_from`); none is expected.
+                match self.reader.poll(Duration::ZERO) {
+                    None if self.follow => break,
+                    None => {}
+                    Some(Ok(m)) => progress.take(
+                        stores,
+                        &mut self.last_topic,
+                        m.partition(),
+                        m.offset(),
+                        m.key(),
+                        m.payload(),
+                    ),
+                    Some(Err(e)) => errors.push(e),
+                }
+            }
+            for e in errors {
+                match e {
+                    // Not expected on the reader's own queue (see above): the reader's position
+                    // then says where the partition ends.
+                    KafkaError::PartitionEOF(p) => {
+                        progress.at_end.entry(p).or_insert(None);
                     }
-                    chunk.read_through(m.offset());
-                    if chunk.full() {
-                        match chunk.apply(store) {
-                            Ok(n) => *applied.entry(p).or_default() += n,
-                            Err(e) => {
-                                failed.insert(p, e.into());
-                                since_look = LOOK_EVERY;
-                            }
-                        }
-                    }
+                    // Kafka away for a while: librdkafka reconnects and fetches again by itself.
+                    e if reader_error_is_transient(&e) => kafka_away = Some(e),
+                    // Not about one partition: the reader itself failed (-1 names none).
+                    e => return Err(self.kafka_err(-1)(e)),
                 }
-                Some(Err(KafkaError::PartitionEOF(p))) => {
-                    at_end.insert(p);
-                    since_look = LOOK_EVERY;
-                }
-                // Kafka away for a while: librdkafka reconnects and fetches again by itself.
-                Some(Err(e)) if reader_error_is_transient(&e) => {
-                    kafka_away = Some(e);
-                    break;
-                }
-                // Not about one partition: the reader itself failed (-1 names none).
-                Some(Err(e)) => return Err(self.kafka_err(-1)(e)),
+            }
+            if kafka_away.is_some() {
+                break;
             }
         }
+        let StepProgress {
+            mut staged,
+            applied,
+            mut failed,
+            at_end,
+            skips,
+            ..
+        } = progress;
         if let Some(e) = kafka_away {
             self.kafka_away(None, &e);
         }
@@ -482,8 +519,8 @@ impl Restorer {
             let mut chunk = staged.remove(&p).unwrap_or_else(Pending::chunk);
             let result = match failed.remove(&p) {
                 Some(e) => Err(e),
-                None if at_end.contains(&p) => self
-                    .finish_at_end(p, store, &mut chunk)
+                None if let Some(&end) = at_end.get(&p) => self
+                    .finish_at_end(p, end, store, &mut chunk)
                     .map(|(n, step)| (applied.get(&p).copied().unwrap_or(0) + n, step)),
                 None => {
                     let state = &self.partitions[&p];
@@ -573,11 +610,15 @@ impl Restorer {
     fn finish_at_end(
         &mut self,
         partition: i32,
+        position: Option<i64>,
         store: &mut TaskStore,
         staged: &mut Pending,
     ) -> Result<(u64, Step), RestoreError> {
-        // The reader's position is past the last record and any transaction markers.
-        let position = self.position(partition)?;
+        // Past the last record and any transaction markers.
+        let position = match position {
+            Some(p) => Some(p),
+            None => self.position(partition)?,
+        };
         if let Some(p) = position {
             let offset = staged.changelog_offset();
             *offset = Some(p.max(offset.unwrap_or(0)));
@@ -657,38 +698,62 @@ impl Restorer {
     }
 }
 
-/// What one changelog record says about the store.
-#[derive(Debug, PartialEq, Eq)]
-pub enum ChangelogRecord<'m> {
-    /// The id (the key) was first seen as the value says ([`Sighting`]: its time and, from
-    /// processors since store format 2, its source), as the processor writes it.
-    Sighting { id: &'m [u8], sighting: Sighting },
-    /// A key without a value: forget the id. The processor never writes one; an operator may,
-    /// by hand, to make a store rebuilt from the changelog (a restore, a standby) forget an id.
-    Tombstone { id: &'m [u8] },
-    /// Not a record this processor wrote or understands: skipped and counted, never a reason
-    /// to stop restoring (every pod restoring the partition would stop at it).
-    Undecodable(&'static str),
+/// What one [`Restorer::step`] has read so far, partition by partition.
+#[derive(Default)]
+struct StepProgress {
+    /// Read and not written yet.
+    staged: BTreeMap<i32, Pending>,
+    /// Records written to the store in this step.
+    applied: BTreeMap<i32, u64>,
+    /// Partitions whose restore failed: read no further.
+    failed: BTreeMap<i32, RestoreError>,
+    /// Partitions at their visible end.
+    /// Partitions at their visible end, with the position it was reached at (none: ask the
+    /// reader).
+    at_end: BTreeMap<i32, Option<i64>>,
+    read: usize,
+    /// Undecodable records (partition, offset, what): counted once the reader is done.
+    skips: Vec<(i32, i64, &'static str)>,
 }
 
-impl<'m> ChangelogRecord<'m> {
-    /// `known_topic`: a source topic to share instead of allocating it again.
-    pub fn of(
-        key: Option<&'m [u8]>,
-        value: Option<&'m [u8]>,
-        known_topic: Option<&Arc<str>>,
-    ) -> Self {
-        let Some(id) = key.filter(|k| !k.is_empty()) else {
-            return ChangelogRecord::Undecodable("a record without a key");
+impl StepProgress {
+    /// Stages one changelog record of `partition`, and writes its chunk once full.
+    /// `last_topic`: the source topic of the last sighting read, shared with the next.
+    fn take(
+        &mut self,
+        stores: &mut BTreeMap<i32, &mut TaskStore>,
+        last_topic: &mut Option<Arc<str>>,
+        partition: i32,
+        offset: i64,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+    ) {
+        let Some(store) = stores.get_mut(&partition) else {
+            return; // stopped meanwhile; the reader drops it
         };
-        match value {
-            None => ChangelogRecord::Tombstone { id },
-            Some(v) => match Sighting::decode(v, known_topic) {
-                Some(sighting) => ChangelogRecord::Sighting { id, sighting },
-                None => ChangelogRecord::Undecodable(
-                    "a value that is not a sighting (an 8-byte time, with or without a source)",
-                ),
-            },
+        if self.failed.contains_key(&partition) {
+            return;
+        }
+        self.read += 1;
+        let chunk = self.staged.entry(partition).or_insert_with(Pending::chunk);
+        match ChangelogRecord::of(key, payload, last_topic.as_ref()) {
+            ChangelogRecord::Sighting { id, sighting } => {
+                if let Some(source) = &sighting.source {
+                    *last_topic = Some(source.topic.clone());
+                }
+                chunk.put_sighting(id, sighting)
+            }
+            ChangelogRecord::Tombstone { id } => chunk.forget(id),
+            ChangelogRecord::Undecodable(what) => self.skips.push((partition, offset, what)),
+        }
+        chunk.read_through(offset);
+        if chunk.full() {
+            match chunk.apply(store) {
+                Ok(n) => *self.applied.entry(partition).or_default() += n,
+                Err(e) => {
+                    self.failed.insert(partition, e.into());
+                }
+            }
         }
     }
 }
@@ -700,55 +765,4 @@ pub struct Skipped {
     /// The last one: its offset and what was wrong with it.
     pub last_offset: i64,
     pub last_reason: &'static str,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sightings_tombstones_and_what_cannot_be_read() {
-        let time = 1_750_000_000_123_i64.to_be_bytes();
-        assert_eq!(
-            ChangelogRecord::of(Some(b"x"), Some(&time), None),
-            ChangelogRecord::Sighting {
-                id: b"x",
-                sighting: Sighting::at(1_750_000_000_123)
-            },
-            "a record of a processor before store format 2: no source"
-        );
-        let with_source = Sighting {
-            time: 5,
-            source: Some(crate::store::Source {
-                topic: Arc::from("orders"),
-                partition: 2,
-                offset: 99,
-            }),
-        };
-        assert_eq!(
-            ChangelogRecord::of(Some(b"x"), Some(&with_source.to_vec()), None),
-            ChangelogRecord::Sighting {
-                id: b"x",
-                sighting: with_source
-            }
-        );
-        assert_eq!(
-            ChangelogRecord::of(Some(b"x"), None, None),
-            ChangelogRecord::Tombstone { id: b"x" }
-        );
-        for (key, value) in [
-            (None, Some(time.as_slice())),
-            (Some(b"".as_slice()), Some(time.as_slice())),
-            (Some(b"x".as_slice()), Some(b"".as_slice())),
-            (Some(b"x".as_slice()), Some(b"1750000000123".as_slice())),
-        ] {
-            assert!(
-                matches!(
-                    ChangelogRecord::of(key, value, None),
-                    ChangelogRecord::Undecodable(_)
-                ),
-                "{key:?} {value:?}"
-            );
-        }
-    }
 }
