@@ -38,10 +38,15 @@ pub fn bootstrap() -> String {
         .clone()
 }
 
-/// A client configuration pointing at the local broker.
+/// A client configuration pointing at the local broker, with the defaults the processor's own
+/// clients get ([`streamapp_api::config::CLIENT_DEFAULTS`]: a client that a thawed or
+/// restarted broker left with no broker bootstraps again after 10 s, not 5 min).
 pub fn client_config() -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", bootstrap());
+    for (key, value) in streamapp_api::config::CLIENT_DEFAULTS {
+        config.set(*key, *value);
+    }
     config
 }
 

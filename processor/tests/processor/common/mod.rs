@@ -13,6 +13,9 @@ use streamapp_api::state_volume::StateDir;
 use testbed::kafka::{self, Isolation};
 use testbed::process::{Spawned, free_port};
 
+/// How long [`App::produce`] waits for the broker to take the records.
+const PRODUCE_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// The processor binary under test: the one this package builds, or `$STREAMAPP_TEST_PROCESSOR`
 /// (to run the suite against another build, such as the previous release, and see which tests
 /// catch what it gets wrong).
@@ -303,7 +306,12 @@ impl App {
             }
             testbed::kafka::send(&producer, record);
         }
-        producer.flush(Duration::from_secs(30)).unwrap();
+        // Records wait in the producer until the broker takes them: after a broker freeze or
+        // restart that took more than 30 s in CI (a broker that had run the whole suite, right
+        // after it served every partition again), so the wait is longer than any healthy one.
+        producer
+            .flush(PRODUCE_TIMEOUT)
+            .unwrap_or_else(|e| panic!("producing to {} for {PRODUCE_TIMEOUT:?}: {e}", self.input));
         // The broker may refuse records (a timestamp too far ahead, a size): a test must not
         // go on as if they were there.
         let after: i64 = kafka::end_offsets(&self.input).iter().sum();
