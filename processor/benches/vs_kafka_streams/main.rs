@@ -670,6 +670,18 @@ fn table(m: &Measured, settings: &Settings) -> Table {
             Better::Lower,
             recovery(|r| r.full_restore.map_or(f64::NAN, |f| f.in_service_s)),
         ));
+        rows.push(Row::new(
+            format!("recovery {keys} keys: full restore settled"),
+            "s",
+            Better::Lower,
+            recovery(|r| r.full_restore.map_or(f64::NAN, |f| f.settled_s)),
+        ));
+        rows.push(Row::new(
+            format!("recovery {keys} keys: CPU after the restore"),
+            "CPU s",
+            Better::Lower,
+            recovery(|r| r.full_restore.map_or(f64::NAN, |f| f.cpu_after_s)),
+        ));
     }
     for FailoverRuns {
         keys,

@@ -8,7 +8,11 @@
 //!   `restored` lines, printed by its `StateRestoreListener`), from the first start to the last
 //!   end, over every partition;
 //! - back in service: from the process start until every task is restored (what a user waits;
-//!   it includes the process start, the group join and, for the peer, the JVM's start).
+//!   it includes the process start, the group join and, for the peer, the JVM's start);
+//! - the work left after that: how long the system stays busy once in service (RocksDB
+//!   compacting what the restore wrote, on either side; the processor merges a bulk load's
+//!   files only once the load ends) and the CPU it spends meanwhile, until it uses less than a
+//!   tenth of a core over half a second.
 //!
 //! Nothing is sent meanwhile: the output was checked across the crash before, and the restore
 //! alone is timed.
@@ -31,6 +35,33 @@ pub struct Restore {
     pub restoring_s: f64,
     /// From the process start until every partition was restored.
     pub in_service_s: f64,
+    /// From the process start until it went quiet after that (see the module's doc).
+    pub settled_s: f64,
+    /// CPU seconds the process spent from being in service until it went quiet.
+    pub cpu_after_s: f64,
+}
+
+/// A process is quiet once it uses less than this share of a core over [`QUIET_WINDOW`].
+const QUIET_SHARE: f64 = 0.1;
+const QUIET_WINDOW: Duration = Duration::from_millis(500);
+/// How long a system is watched for going quiet after its restore at most.
+const SETTLE_LIMIT: Duration = Duration::from_secs(120);
+
+/// Waits until process `pid` goes quiet (see the module's doc); when that was, since
+/// `started`, and the CPU seconds it spent until then.
+fn settle(pid: u32, started: Instant) -> (f64, f64) {
+    let from = cpu_seconds(pid);
+    let (mut busy_until, mut cpu_until) = (started.elapsed(), from);
+    let deadline = Instant::now() + SETTLE_LIMIT;
+    while Instant::now() < deadline {
+        std::thread::sleep(QUIET_WINDOW);
+        let cpu = cpu_seconds(pid);
+        if cpu - cpu_until < QUIET_SHARE * QUIET_WINDOW.as_secs_f64() {
+            break;
+        }
+        (busy_until, cpu_until) = (started.elapsed(), cpu);
+    }
+    (busy_until.as_secs_f64(), cpu_until - from)
 }
 
 impl Restore {
@@ -66,6 +97,7 @@ pub fn full_restore(settings: &Settings, app: &App, loaded: u64) -> Restore {
         |s| finished_restores(s, app.partitions()),
     );
     let in_service_s = started.elapsed().as_secs_f64();
+    let (settled_s, cpu_after_s) = settle(system.child.id(), started);
     system.stop();
     assert!(
         finished.records >= loaded,
@@ -76,9 +108,11 @@ pub fn full_restore(settings: &Settings, app: &App, loaded: u64) -> Restore {
         records: finished.records,
         restoring_s: (finished.last_end_ms - finished.first_start_ms).max(1) as f64 / 1000.0,
         in_service_s,
+        settled_s,
+        cpu_after_s,
     };
     println!(
-        "  {name}: full restore on an empty state directory: {} changelog records in {:.2} s ({:.0} records/s), every task restored {in_service_s:.2} s after the start",
+        "  {name}: full restore on an empty state directory: {} changelog records in {:.2} s ({:.0} records/s), every task restored {in_service_s:.2} s after the start; busy until {settled_s:.2} s, {cpu_after_s:.2} CPU s after the restore",
         restore.records,
         restore.restoring_s,
         restore.records_per_s()
