@@ -20,6 +20,16 @@
 //! before it: the next start finds the store not empty, replays the run through `apply`, and
 //! that changes nothing (an id keeps the later time, a forget forgets again).
 //!
+//! Compaction: every run holds ids from the whole key space, so each file ingested overlaps all
+//! the others and goes into level 0. With RocksDB's trigger of 4 files, it merged them into the
+//! level below again and again while the load lasted, each time rewriting all that was loaded
+//! so far: 40% of the core's time in the second half of a pinned 5M-id restore
+//! (docs/performance.md). While a load lasts, its store lets up to
+//! [`BULK_LOAD_L0_COMPACTION_TRIGGER`] files gather (below the count at which RocksDB slows
+//! writes), and when it ends, however it ends, the usual trigger comes back and RocksDB merges
+//! what gathered in the background, once: less work in all, and none of it before the store is
+//! in service. Until that merge is done, a lookup checks each level-0 file's filter.
+//!
 //! Memory: a run takes the place of a memtable, so it is as large as one, and it is held out
 //! of the role's memtable budget for as long as the load lasts ([`SharedMemory::reserve`](super::SharedMemory::reserve)):
 //! memtables and runs together stay within the budget the operator sizes the pod by. When the
@@ -27,12 +37,14 @@
 //! way.
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Weak;
 
-use rocksdb::{IngestExternalFileOptions, SstFileWriter};
+use rocksdb::{DB, IngestExternalFileOptions, SstFileWriter};
+use tracing::warn;
 
 use super::apply::{Plan, with_id_key};
-use super::options::Reservation;
+use super::options::{L0_COMPACTION_TRIGGER, L0_SLOWDOWN_WRITES_TRIGGER, Reservation};
 use super::sighting::{MAX_ENCODED, Sighting};
 use super::{ID_PREFIX, Result, Staged, StoreError, TaskStore};
 
@@ -54,6 +66,11 @@ pub(super) const RUN_BYTES_PER_RECORD: usize = 144;
 /// small files for compaction to merge.
 const MIN_RUN_BYTES: u64 = 1 << 20;
 
+/// Level-0 files a bulk load's store lets gather before it compacts them (see the module's
+/// doc): a load of up to this many runs is merged once, after it.
+const BULK_LOAD_L0_COMPACTION_TRIGGER: i32 = 16;
+const _: () = assert!(BULK_LOAD_L0_COMPACTION_TRIGGER < L0_SLOWDOWN_WRITES_TRIGGER);
+
 /// The bulk load of one empty store: which ids its runs have put so far.
 #[derive(Debug)]
 pub struct BulkLoad {
@@ -61,6 +78,48 @@ pub struct BulkLoad {
     put: Vec<u64>,
     /// The part of the memtable budget its runs hold, for as long as it lasts.
     memory: Reservation,
+    /// The store's compaction, held back for as long as it lasts.
+    _compaction: DeferredCompaction,
+}
+
+/// A store's level-0 compaction trigger raised to [`BULK_LOAD_L0_COMPACTION_TRIGGER`]; the
+/// usual one is set again when dropped. (Only the open database's: a store opened again after
+/// a crash mid-load has the usual trigger from its options.)
+#[derive(Debug)]
+struct DeferredCompaction {
+    /// Not kept open by the load: a store closed meanwhile has nothing to give back.
+    db: Weak<DB>,
+    path: PathBuf,
+}
+
+impl DeferredCompaction {
+    fn new(database: &super::Database) -> Result<Self> {
+        set_l0_compaction_trigger(&database.db, BULK_LOAD_L0_COMPACTION_TRIGGER)
+            .map_err(|e| StoreError::from_rocksdb(&database.path, e))?;
+        Ok(DeferredCompaction {
+            db: std::sync::Arc::downgrade(&database.db),
+            path: database.path.clone(),
+        })
+    }
+}
+
+impl Drop for DeferredCompaction {
+    fn drop(&mut self) {
+        let Some(db) = self.db.upgrade() else { return };
+        if let Err(error) = set_l0_compaction_trigger(&db, L0_COMPACTION_TRIGGER) {
+            // The store works, its level 0 only grows up to the raised trigger before it is
+            // compacted, until it is opened again.
+            warn!(store = %self.path.display(), %error,
+                "could not give a bulk-loaded store its usual compaction trigger back");
+        }
+    }
+}
+
+fn set_l0_compaction_trigger(db: &DB, files: i32) -> Result<(), rocksdb::Error> {
+    db.set_options(&[(
+        "level0_file_num_compaction_trigger",
+        files.to_string().as_str(),
+    )])
 }
 
 /// The same hash for the same id, for as long as the process runs (a load lives in one).
@@ -203,7 +262,8 @@ impl TaskStore {
     /// A bulk load, if the store holds nothing yet (no id, no changelog offset) and its
     /// role's memtable budget has room for its runs (one memtable's worth, at least
     /// [`MIN_RUN_BYTES`], always leaving one memtable's worth to the memtables). Otherwise
-    /// its restore applies through [`TaskStore::apply`].
+    /// its restore applies through [`TaskStore::apply`]. The store's compaction waits for the
+    /// load to end (see the module's doc).
     pub fn bulk_load(&self) -> Result<Option<BulkLoad>> {
         if self.applying.is_some()
             || self.meta.changelog_offset.is_some()
@@ -213,9 +273,13 @@ impl TaskStore {
         }
         let memtable = self.database.write_buffer_bytes as u64;
         let memory = self.database.memory.reserve(self.role, memtable, memtable);
-        Ok((memory.bytes() >= MIN_RUN_BYTES).then(|| BulkLoad {
+        if memory.bytes() < MIN_RUN_BYTES {
+            return Ok(None);
+        }
+        Ok(Some(BulkLoad {
             put: Vec::new(),
             memory,
+            _compaction: DeferredCompaction::new(&self.database)?,
         }))
     }
 
@@ -341,12 +405,71 @@ mod tests {
         let mut load = BulkLoad {
             put: Vec::new(),
             memory,
+            _compaction: DeferredCompaction {
+                db: Weak::new(),
+                path: PathBuf::new(),
+            },
         };
         assert_eq!(load.meet(&[3, 5, 9]), Vec::<u64>::new());
         assert_eq!(load.meet(&[1, 5, 9, 12]), vec![5, 9]);
         assert_eq!(load.put, vec![1, 3, 5, 5, 9, 9, 12]);
         assert_eq!(load.meet(&[0, 12, 13]), vec![12]);
         assert_eq!(load.meet(&[]), Vec::<u64>::new());
+    }
+
+    fn int_property(store: &TaskStore, name: &str) -> u64 {
+        store.database.db.property_int_value(name).unwrap().unwrap()
+    }
+
+    /// Waits (up to 30 s) until RocksDB has no compaction to run or running in the store.
+    fn compactions_done(store: &TaskStore) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while int_property(store, "rocksdb.compaction-pending") > 0
+            || int_property(store, "rocksdb.num-running-compactions") > 0
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "compaction did not end"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// A load's runs stay in level 0 while it lasts, more of them than the usual trigger, and
+    /// are compacted once it ends.
+    #[test]
+    fn a_bulk_loads_runs_are_compacted_once_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store =
+            crate::store::tests::try_open(dir.path(), &crate::store::tests::changelog(0)).unwrap();
+        let mut load = store.bulk_load().unwrap().expect("an empty store");
+        let runs = L0_COMPACTION_TRIGGER as usize + 2;
+        for r in 0..runs {
+            // Each run's ids spread over the key space, as a changelog's are.
+            let mut run = Run::default();
+            for i in 0..100 {
+                run.put_sighting(format!("id-{i:03}-{r}").as_bytes(), Sighting::at(1_000));
+            }
+            run.changelog_offset = Some(((r + 1) * 100) as i64);
+            store.apply_run(&run, &mut load).unwrap();
+        }
+        compactions_done(&store);
+        // The first run's file went to the last level: nothing was in its way.
+        assert_eq!(
+            int_property(&store, "rocksdb.num-files-at-level0"),
+            runs as u64 - 1,
+            "every later run still in level 0 while the load lasts"
+        );
+        drop(load);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while int_property(&store, "rocksdb.num-files-at-level0") >= L0_COMPACTION_TRIGGER as u64 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "level 0 was not compacted after the load"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(store.first_seen(b"id-042-3").unwrap(), Some(1_000));
     }
 
     /// A run keeps for each id what a staged batch of the same records keeps.

@@ -11,6 +11,12 @@ use rocksdb::{
 };
 use streamapp_api::config::{CompactionStyle, Compression, ResolvedRocksDb, WalRecoveryMode};
 
+/// Files in level 0 that start a compaction into the level below (RocksDB's default; set here
+/// so that a bulk load, which raises it while it lasts, has a value to give back, `ingest.rs`).
+pub(super) const L0_COMPACTION_TRIGGER: i32 = 4;
+/// Files in level 0 at which RocksDB slows writes down (its default).
+pub(super) const L0_SLOWDOWN_WRITES_TRIGGER: i32 = 20;
+
 /// Whose memtable budget a store's writes count against. A store is opened for one role; a
 /// standby promoted to active (or the reverse) is reopened for the other
 /// ([`super::TaskStore::reopen`]).
@@ -172,6 +178,8 @@ pub fn rocksdb_options(
     opts.set_memtable_whole_key_filtering(true);
     opts.set_memtable_prefix_bloom_ratio(0.1);
     opts.set_max_write_buffer_number(tuning.max_write_buffer_number);
+    opts.set_level_zero_file_num_compaction_trigger(L0_COMPACTION_TRIGGER);
+    opts.set_level_zero_slowdown_writes_trigger(L0_SLOWDOWN_WRITES_TRIGGER);
     opts.set_compression_type(match tuning.compression {
         Compression::None => DBCompressionType::None,
         Compression::Snappy => DBCompressionType::Snappy,
