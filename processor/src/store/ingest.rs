@@ -27,8 +27,9 @@
 //! (docs/performance.md). While a load lasts, its store lets up to
 //! [`BULK_LOAD_L0_COMPACTION_TRIGGER`] files gather (below the count at which RocksDB slows
 //! writes), and when it ends, however it ends, the usual trigger comes back and RocksDB merges
-//! what gathered in the background, once: less work in all, and none of it before the store is
-//! in service. Until that merge is done, a lookup checks each level-0 file's filter.
+//! what gathered in the background, once, with the store in service (about as much CPU as the
+//! merges during the load took, measured: the merge is moved, not saved). Until it is done, a
+//! lookup checks each level-0 file's filter.
 //!
 //! Memory: a run takes the place of a memtable, so it is as large as one, and it is held out
 //! of the role's memtable budget for as long as the load lasts ([`SharedMemory::reserve`](super::SharedMemory::reserve)):
