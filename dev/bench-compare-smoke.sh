@@ -20,11 +20,14 @@ for f in vs-kafka-streams.csv vs-kafka-streams.png; do
   [[ -s $out/$f ]] || die "bench-compare smoke: $out/$f was not written"
 done
 rows=$(grep -c "^recovery 5k keys" "$out/vs-kafka-streams.csv")
-((rows == 6)) || die "bench-compare smoke: expected 6 recovery rows in the CSV, found $rows"
-# The full restore's rate: a figure for streamapp (column 4) and ks-window (column 10).
-awk -F, '$1 == "recovery 5k keys: full restore rate" && $4 > 0 && $10 > 0 { found = 1 } END { exit !found }' \
-  "$out/vs-kafka-streams.csv" ||
-  die "bench-compare smoke: no full restore rate for both streamapp and ks-window in the CSV"
+((rows == 8)) || die "bench-compare smoke: expected 8 recovery rows in the CSV, found $rows"
+# The full restore's rate and when each system went quiet after it: a figure for streamapp
+# (column 4) and ks-window (column 10).
+for row in "full restore rate" "full restore settled"; do
+  awk -F, -v row="recovery 5k keys: $row" '$1 == row && $4 > 0 && $10 > 0 { found = 1 } END { exit !found }' \
+    "$out/vs-kafka-streams.csv" ||
+    die "bench-compare smoke: no \"$row\" for both streamapp and ks-window in the CSV"
+done
 rows=$(grep -c "^failover 5k keys" "$out/vs-kafka-streams.csv")
 ((rows == 4)) || die "bench-compare smoke: expected 4 failover rows in the CSV, found $rows"
 grep -q "exactly once: NO" "$out/vs-kafka-streams.txt" &&
