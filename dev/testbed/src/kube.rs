@@ -5,9 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{DeleteParams, PostParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
+use streamapp_api::crd::StreamApp;
 
 const HOW_TO_START: &str = "start it with `make up` (or `dev/kube.sh start`)";
 
@@ -104,6 +106,36 @@ where
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Waits (up to 30 s) until the API server has established the StreamApp CRD just installed
+/// and serves StreamApps. Asked through the API: `kubectl wait --for=condition=Established`
+/// fails at once, instead of waiting, when it reads the CRD before the server has written any
+/// condition (seen in a CI run).
+pub async fn wait_for_streamapp_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    wait_for(
+        Duration::from_secs(30),
+        "the StreamApp CRD to be established",
+        || async {
+            let established = crds
+                .get("streamapps.streamapp.dev")
+                .await
+                .ok()
+                .and_then(|crd| crd.status)
+                .and_then(|s| s.conditions)
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                });
+            established
+                && Api::<StreamApp>::all(client.clone())
+                    .list(&ListParams::default().limit(1))
+                    .await
+                    .is_ok()
+        },
+    )
+    .await;
 }
 
 /// The `kubectl` the dev scripts installed (`$STREAMAPP_CACHE/kube-*/bin/kubectl`), else the

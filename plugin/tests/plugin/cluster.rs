@@ -50,16 +50,8 @@ async fn setup(prefix: &str) -> (Client, TestNamespace) {
         &["apply", "--server-side", "--force-conflicts", "-f", crd],
         None,
     );
-    kubectl_ok(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/streamapps.streamapp.dev",
-            "--timeout=30s",
-        ],
-        None,
-    );
     let client = testbed::kube::client().await;
+    testbed::kube::wait_for_streamapp_crd(&client).await;
     let ns = TestNamespace::create(&client, prefix).await;
     (client, ns)
 }

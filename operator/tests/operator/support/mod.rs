@@ -6,14 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, Resource};
 use serde::de::DeserializeOwned;
 use streamapp_api::crd::{StreamApp, StreamAppStatus};
 use streamapp_operator::Settings;
 use streamapp_operator::leader::LeaseSettings;
 use streamapp_operator::metrics::Metrics;
-use testbed::kube::wait_for;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -44,28 +43,7 @@ pub async fn install_crd(client: &Client) {
     )
     .await
     .unwrap_or_else(|e| panic!("installing the StreamApp CRD: {e}"));
-    wait_for(
-        Duration::from_secs(30),
-        "the StreamApp CRD to be established",
-        || async {
-            let established = crds
-                .get(name)
-                .await
-                .ok()
-                .and_then(|crd| crd.status)
-                .and_then(|s| s.conditions)
-                .is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                });
-            established
-                && Api::<StreamApp>::all(client.clone())
-                    .list(&ListParams::default().limit(1))
-                    .await
-                    .is_ok()
-        },
-    )
-    .await;
+    testbed::kube::wait_for_streamapp_crd(client).await;
 }
 
 /// The operator running in-process, watching one namespace.
